@@ -1,0 +1,28 @@
+// The public entry points of gdr. Each validates its arguments (throwing gdr::InvalidArgument
+// with a message naming the operation, tensor, value and what is allowed), picks a path in one
+// place (src/core/dispatch.cpp) and runs it on the tensors' device.
+#pragma once
+
+#include "gdr/params.h"
+#include "gdr/problem.h"
+
+namespace gdr {
+
+// o and final_state from the inputs (SPEC Sections 2-3).
+void forward(const ForwardParams& params, const ExecConfig& config = {});
+
+// Gradients of every input (SPEC Section 4). Recomputes chunk-boundary states internally:
+// extra memory is O(T / chunk) states per sequence and head, never one state per token.
+void backward(const BackwardParams& params, const ExecConfig& config = {});
+
+// A few tokens (T = 1..16) for each of B sequences, the state updated in place.
+void decode(const DecodeParams& params, const ExecConfig& config = {});
+
+// The path `config` resolves to for these params (what forward/backward would run).
+Path resolve_forward_path(const ForwardParams& params, const ExecConfig& config = {});
+Path resolve_backward_path(const BackwardParams& params, const ExecConfig& config = {});
+
+// True when this build has the CUDA paths compiled in.
+bool cuda_available();
+
+}  // namespace gdr

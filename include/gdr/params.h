@@ -1,0 +1,85 @@
+// Parameter structs of the three operations: forward, backward, decode.
+// Plain data: pointers (as TensorViews), shapes, int64 strides and options. Shapes use
+//   B batch (1 under varlen), T tokens, N sequences (B, or len(cu_seqlens) - 1),
+//   Hk query/key heads, Hv value heads (Hv % Hk == 0), Dk key dim, Dv value dim.
+// Every tensor's last dim must be contiguous (stride 1).
+#pragma once
+
+#include "gdr/tensor.h"
+#include "gdr/types.h"
+
+namespace gdr {
+
+// Options shared by all operations.
+struct Options {
+  float scale = 0.0f;  // o_t = scale * S_t^T q_t; 0 means 1/sqrt(Dk)
+  StateLayout state_layout = StateLayout::k_first;  // layout of h0, final_state, dh0, pool state
+  // Gate in kernel: `g` holds the raw `a`; g = -exp(A_log) * softplus(a + dt_bias).
+  bool gate_in_kernel = false;
+  // Beta sigmoid in kernel: `beta` holds the raw `b`; beta = sigmoid(b).
+  bool beta_sigmoid = false;
+  // q and k are L2-normalised over Dk before use: x / sqrt(sum(x^2) + l2norm_eps).
+  bool qk_l2norm = false;
+  float l2norm_eps = 1e-6f;
+};
+
+// The inputs every direction reads.
+struct Inputs {
+  TensorView q;           // [B, T, Hk, Dk]      f32 | f16 | bf16 (| f64 on CPU)
+  TensorView k;           // [B, T, Hk, Dk]      as q
+  TensorView v;           // [B, T, Hv, Dv]      as q
+  TensorView g;           // [B, T, Hv] scalar gate or [B, T, Hv, Dk] per-key gate; natural log
+                          //   of the decay (<= 0), or raw `a` with gate_in_kernel; f32 or q's dtype
+  TensorView beta;        // [B, T, Hv]          f32 or q's dtype; raw `b` with beta_sigmoid
+  TensorView A_log;       // [Hv]                f32; only with gate_in_kernel
+  TensorView dt_bias;     // [Hv] (scalar gate) or [Hv, Dk] (per-key gate) f32; only with gate_in_kernel
+  TensorView h0;          // optional [N, Hv, Dk, Dv] (k-first) or [N, Hv, Dv, Dk] (v-first) f32
+  TensorView mask;        // optional [B, T] bool; false = identity step, o_t = 0
+  TensorView cu_seqlens;  // optional [N + 1] i32 | i64: 0 = c_0 <= c_1 <= ... <= c_N = T, B == 1
+};
+
+struct ForwardParams {
+  Inputs in;
+  TensorView o;            // [B, T, Hv, Dv]  q's dtype (written)
+  TensorView final_state;  // optional, like h0, f32 (written)
+  Options opts;
+};
+
+// Gradients of a loss L given dL/do and, optionally, dL/d(final_state).
+// Each gradient is optional (not written when not given) and has its input's shape and dtype;
+// dg is the gradient w.r.t. the tensor passed as g (raw `a` under gate_in_kernel), dbeta
+// likewise w.r.t. the tensor passed as beta (raw `b` under beta_sigmoid).
+struct BackwardParams {
+  Inputs in;
+  TensorView dout;          // [B, T, Hv, Dv]  q's dtype
+  TensorView dfinal_state;  // optional, like h0, f32
+  TensorView dq, dk, dv, dg, dbeta;
+  TensorView dA_log, ddt_bias;  // only with gate_in_kernel
+  TensorView dh0;               // only with h0
+  Options opts;
+};
+
+// One decode step of T = 1..16 tokens per sequence for B sequences, the state updated in place.
+struct DecodeParams {
+  TensorView q, k;          // [B, T, Hk, Dk]
+  TensorView v;             // [B, T, Hv, Dv]
+  TensorView g;             // [B, T, Hv] or [B, T, Hv, Dk] (see Inputs::g)
+  TensorView beta;          // [B, T, Hv]
+  TensorView A_log, dt_bias;
+  TensorView mask;          // optional [B, T] bool
+  TensorView state;         // [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] f32, read and written
+  TensorView state_indices; // optional [B] i32 | i64: sequence b uses state row state_indices[b]
+                            //   (negative: skip b, its o rows are written as 0); else row b (P >= B)
+  TensorView o;             // [B, T, Hv, Dv] written
+  Options opts;
+};
+
+// How to run a call: which path, tuning knobs, and the CUDA stream for device tensors.
+struct ExecConfig {
+  Path path = Path::automatic;
+  int chunk_size = 64;     // chunkwise path: 16, 32 or 64
+  int num_threads = 0;     // CPU: 0 = OpenMP default
+  void* stream = nullptr;  // cudaStream_t for CUDA tensors (nullptr = default stream)
+};
+
+}  // namespace gdr

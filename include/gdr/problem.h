@@ -1,0 +1,53 @@
+// Problem: the dimensions and flags of one call, derived from its Params by validation.
+#pragma once
+
+#include <cstdint>
+
+#include "gdr/params.h"
+#include "gdr/types.h"
+
+namespace gdr {
+
+struct Problem {
+  std::int64_t B = 0, T = 0;    // batch and tokens per batch row
+  std::int64_t N = 0;           // sequences: B, or len(cu_seqlens) - 1 under varlen
+  std::int64_t Hk = 0, Hv = 0;  // query/key heads, value heads (Hv % Hk == 0)
+  std::int64_t Dk = 0, Dv = 0;  // head dims
+  std::int64_t P = 0;           // decode only: rows of the state pool
+  GateKind gate = GateKind::scalar;
+  DType dtype = DType::f32;     // dtype of q, k, v, o
+  DeviceType device = DeviceType::cpu;
+  int device_index = 0;
+  bool varlen = false;
+  bool has_mask = false;
+  bool has_h0 = false;
+  bool has_final_state = false;
+  float scale = 0.0f;           // resolved: opts.scale, or 1/sqrt(Dk) when that is 0
+
+  std::int64_t group() const { return Hv / Hk; }  // value heads per key head
+  std::int64_t key_head(std::int64_t hv) const { return hv / group(); }
+};
+
+// One sequence of the call: batch row `b`, tokens [t0, t0 + len).
+struct SequenceSpan {
+  std::int64_t b = 0;
+  std::int64_t t0 = 0;
+  std::int64_t len = 0;
+};
+
+// Validate every argument (SPEC Section 6) before any memory is touched; throws
+// InvalidArgument whose message starts with `op`. The values of cu_seqlens (start 0,
+// non-decreasing, end T) are checked here when it lives in host memory; for a CUDA tensor the
+// CUDA dispatch copies it to the host first and calls check_cu_seqlens_values.
+Problem validate_forward(const ForwardParams& p, const char* op = "gdr.forward");
+Problem validate_backward(const BackwardParams& p, const char* op = "gdr.backward");
+Problem validate_decode(const DecodeParams& p, const char* op = "gdr.decode");
+
+// Checks the values of cu_seqlens ([N + 1] in host memory, i32 or i64).
+void check_cu_seqlens_values(const void* host_data, DType dtype, std::int64_t count, std::int64_t T,
+                             const char* op);
+
+// Sequence n of a validated problem (reads cu_seqlens from host memory under varlen).
+SequenceSpan sequence_span(const Problem& prob, const Inputs& in, std::int64_t n);
+
+}  // namespace gdr

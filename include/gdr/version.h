@@ -1,0 +1,6 @@
+#pragma once
+
+#define GDR_VERSION_MAJOR 0
+#define GDR_VERSION_MINOR 1
+#define GDR_VERSION_PATCH 0
+#define GDR_VERSION_STRING "0.1.0"

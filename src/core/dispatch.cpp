@@ -1,0 +1,127 @@
+// The one place where a call becomes a path: validate, resolve Path::automatic with the
+// heuristics, check the path covers the call on this device, run it. Every refusal names the
+// value and what is supported.
+#include <string>
+
+#include "core/heuristics.h"
+#include "cpu/paths.h"
+#include "gdr/api.h"
+#include "gdr/error.h"
+#include "gdr/problem.h"
+#if GDR_WITH_CUDA
+#include "cuda/paths.h"
+#endif
+
+namespace gdr {
+namespace {
+
+[[noreturn]] void refuse(const char* op, const std::string& what) {
+  throw InvalidArgument(std::string(op) + ": " + what);
+}
+
+void check_config(const ExecConfig& config, const char* op) {
+  if (!heuristics::is_supported_chunk(config.chunk_size))
+    refuse(op, "chunk_size is " + std::to_string(config.chunk_size) + "; supported: 16, 32, 64");
+  if (config.num_threads < 0)
+    refuse(op, "num_threads is " + std::to_string(config.num_threads) + "; must be >= 0");
+}
+
+#if !GDR_WITH_CUDA
+[[noreturn]] void no_cuda(const char* op) {
+  refuse(op, "tensors are on cuda but this build of gdr has no CUDA paths (rebuild with nvcc)");
+}
+#endif
+
+Path resolve_forward(const Problem& prob, const ExecConfig& config, const char* op) {
+  check_config(config, op);
+  if (prob.device == DeviceType::cpu)
+    return config.path == Path::automatic ? heuristics::cpu_forward_path(prob) : config.path;
+  // CUDA: the recurrent kernel covers every forward call.
+  switch (config.path) {
+    case Path::automatic:
+    case Path::sequential: return Path::sequential;
+    case Path::reference: refuse(op, "path reference runs on the CPU only; tensors are on cuda");
+    case Path::chunkwise:
+      refuse(op, "path chunkwise is not available on cuda yet; supported there: sequential");
+  }
+  refuse(op, "unknown path");
+}
+
+Path resolve_backward(const Problem& prob, const ExecConfig& config, const char* op) {
+  check_config(config, op);
+  if (prob.device == DeviceType::cuda)
+    refuse(op, "backward on cuda is not available yet; move the tensors to the cpu");
+  return config.path == Path::automatic ? heuristics::cpu_backward_path(prob) : config.path;
+}
+
+}  // namespace
+
+Path resolve_forward_path(const ForwardParams& params, const ExecConfig& config) {
+  return resolve_forward(validate_forward(params), config, "gdr.forward");
+}
+
+Path resolve_backward_path(const BackwardParams& params, const ExecConfig& config) {
+  return resolve_backward(validate_backward(params), config, "gdr.backward");
+}
+
+void forward(const ForwardParams& params, const ExecConfig& config) {
+  const char* op = "gdr.forward";
+  const Problem prob = validate_forward(params, op);
+  const Path path = resolve_forward(prob, config, op);
+  if (prob.device == DeviceType::cuda) {
+#if GDR_WITH_CUDA
+    cuda::recurrent_forward(prob, params, config);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  switch (path) {
+    case Path::reference: cpu::reference_forward(prob, params); return;
+    case Path::sequential: cpu::sequential_forward(prob, params, config); return;
+    case Path::chunkwise: cpu::chunkwise_forward(prob, params, config); return;
+    case Path::automatic: break;
+  }
+  refuse(op, "path did not resolve");
+}
+
+void backward(const BackwardParams& params, const ExecConfig& config) {
+  const char* op = "gdr.backward";
+  const Problem prob = validate_backward(params, op);
+  const Path path = resolve_backward(prob, config, op);
+  switch (path) {
+    case Path::reference: cpu::reference_backward(prob, params); return;
+    case Path::sequential: cpu::sequential_backward(prob, params, config); return;
+    case Path::chunkwise: cpu::chunkwise_backward(prob, params, config); return;
+    case Path::automatic: break;
+  }
+  refuse(op, "path did not resolve");
+}
+
+void decode(const DecodeParams& params, const ExecConfig& config) {
+  const char* op = "gdr.decode";
+  const Problem prob = validate_decode(params, op);
+  check_config(config, op);
+  if (config.path == Path::reference || config.path == Path::chunkwise)
+    refuse(op, "path " + std::string(to_string(config.path)) +
+                   " does not apply to decode; supported: automatic, sequential");
+  if (prob.device == DeviceType::cuda) {
+#if GDR_WITH_CUDA
+    cuda::decode(prob, params, config);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  cpu::decode(prob, params, config);
+}
+
+bool cuda_available() {
+#if GDR_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace gdr
