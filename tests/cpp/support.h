@@ -1,0 +1,2 @@
+#pragma once
+// Test support (placeholder, filled in by the reference work).
