@@ -15,7 +15,8 @@
 //   S            [Dk, Dv] k-first state, whatever opts.state_layout says
 //
 // A masked position is exactly the identity step (g = 0, beta = 0) and its output is 0
-// (store_output writes 0 there); gradients at masked positions are 0.
+// (store_output writes 0 there); gradients at masked positions are 0. q_hat, k_hat, v and dO
+// also load as 0 there, so a NaN at a masked position cannot reach the state.
 #pragma once
 
 #include <cstdint>
@@ -88,8 +89,9 @@ void store_value_grads(const Problem& prob, const Inputs& in, const SequenceSpan
 // Given dL/dg_log ([L] or [L, Dk]) and dL/dbeta ([L]) for value head hv, applies the gate
 // and sigmoid chain rules and writes dg, dbeta (optional each). Masked -> 0.
 // Under gate_in_kernel also returns this sequence's contributions to dA_log[hv] (one value)
-// and dt_bias[hv] (1 or Dk values) in dA_log_part / ddt_bias_part (the caller sums over
-// sequences; both may be null when not wanted).
+// and dt_bias[hv] (1 or Dk values) in dA_log_part / ddt_bias_part (overwritten, not added to;
+// the caller sums over sequences; both may be null when not wanted). dg_log / dbeta_eff may be
+// null (that gradient is skipped).
 template <class Real>
 void store_gate_grads(const Problem& prob, const Inputs& in, const Options& opts,
                       const SequenceSpan& seq, std::int64_t hv, const Real* dg_log,

@@ -1,0 +1,21 @@
+// The GoogleTest half of the test support (support.cpp itself has no GoogleTest dependency,
+// so the gdr command line can share the same random cases).
+#include <gtest/gtest.h>
+
+#include "support.h"
+
+namespace gdr::test {
+
+void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, double tol,
+                          const std::string& label) {
+  for (const Field& f : fields(got, ref))
+    EXPECT_LT(rel_error(*f.got, *f.ref), tol) << f.name << " vs reference: " << label;
+}
+
+void expect_backward_close(const BackwardResult& got, const BackwardResult& ref, double tol,
+                           const std::string& label) {
+  for (const Field& f : fields(got, ref))
+    EXPECT_LT(rel_error(*f.got, *f.ref), tol) << f.name << " vs reference: " << label;
+}
+
+}  // namespace gdr::test
