@@ -1,6 +1,307 @@
+// Host side of the CUDA recurrent kernel (recurrent.cuh): gdr::cuda::decode (state pool
+// updated in place) and gdr::cuda::recurrent_forward (h0 -> final_state, any T, varlen).
+// Instantiated for Dk in {64, 128, 256}, both state layouts and both gate kinds (12 kernels);
+// Dv (64, 128, 256), dtypes and the fused options are run-time values (the dtypes and options
+// are read in the per-chunk staging code only).
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 #include "cuda/paths.h"
+#include "cuda/recurrent.cuh"
+#include "cuda/tuning.h"
 #include "gdr/error.h"
+
 namespace gdr::cuda {
-void decode(const Problem&, const DecodeParams&, const ExecConfig&) { throw RuntimeFailure("cuda decode: not implemented yet"); }
-void recurrent_forward(const Problem&, const ForwardParams&, const ExecConfig&) { throw RuntimeFailure("cuda recurrent_forward: not implemented yet"); }
+namespace {
+
+using detail::RecurrentArgs;
+
+std::atomic<int> g_warps_override{0};
+
+// The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
+static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
+static_assert(recurrent_warps_per_block(32 * 8, 1, 128, 128, false, 132) == 4);   // B = 8
+static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);   // B = 8, T = 8
+static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);  // B = 32, T = 8
+
+void check(cudaError_t err, const char* op, const char* what) {
+  if (err != cudaSuccess)
+    throw RuntimeFailure(std::string(op) + ": " + what + " failed: " + cudaGetErrorString(err));
 }
+
+[[noreturn]] void refuse(const char* op, const std::string& what) {
+  throw InvalidArgument(std::string(op) + ": " + what);
+}
+
+// Runs the call on the tensors' device and restores the caller's current device.
+class DeviceGuard {
+ public:
+  DeviceGuard(int device, const char* op) {
+    check(cudaGetDevice(&prev_), op, "cudaGetDevice");
+    if (prev_ != device) check(cudaSetDevice(device), op, "cudaSetDevice");
+    device_ = device;
+  }
+  ~DeviceGuard() {
+    if (prev_ != device_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0, device_ = 0;
+};
+
+int sm_count(int device, const char* op) {
+  static std::atomic<int> cache[64] = {};
+  if (device >= 0 && device < 64) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int count = 0;
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), op,
+        "cudaDeviceGetAttribute(multiProcessorCount)");
+  if (device >= 0 && device < 64) cache[device].store(count, std::memory_order_relaxed);
+  return count;
+}
+
+void check_dim(const char* op, const char* name, std::int64_t value) {
+  if (value != 64 && value != 128 && value != 256)
+    refuse(op, std::string(name) + " is " + std::to_string(value) +
+                   "; the CUDA recurrent kernel supports 64, 128, 256");
+}
+
+void check_float_dtype(const char* op, const char* name, const TensorView& t, bool f32_only) {
+  if (!t.defined()) return;
+  const bool ok =
+      t.dtype == DType::f32 || (!f32_only && (t.dtype == DType::f16 || t.dtype == DType::bf16));
+  if (!ok)
+    refuse(op, std::string(name) + " has dtype " + std::string(to_string(t.dtype)) +
+                   (f32_only ? "; on cuda it must be float32"
+                             : "; on cuda supported: float32, float16, bfloat16"));
+}
+
+// Rows of `t` (every dim but the last) start on 16-byte boundaries.
+bool rows16(const TensorView& t) {
+  if (!t.defined()) return false;
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) return false;
+  const int es = dtype_size(t.dtype);
+  for (int d = 0; d + 1 < t.rank; ++d)
+    if ((t.stride[d] * es) % 16 != 0) return false;
+  return true;
+}
+
+// 16-byte state accesses need a 16-byte aligned base and row strides that are multiples of 4.
+bool vectorizable(const TensorView& t) {
+  if (!t.defined()) return false;
+  const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
+  return addr % 16 == 0 && t.stride[0] % 4 == 0 && t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0;
+}
+
+template <typename F>
+void with_dim(std::int64_t d, F&& f) {
+  switch (d) {
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    case 256: f(std::integral_constant<int, 256>{}); return;
+  }
+  throw InvalidArgument("gdr cuda: head dim " + std::to_string(d) + " has no kernel");
+}
+
+template <typename F>
+void with_bool(bool x, F&& f) {
+  if (x)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// Fills the token-input half of the arguments (shared by decode and forward).
+void set_token_inputs(RecurrentArgs& a, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const TensorView& g, const TensorView& beta,
+                      const TensorView& mask, const TensorView& o, const TensorView& A_log,
+                      const TensorView& dt_bias, const Options& opts, const Problem& prob) {
+  a.q = q.data;
+  a.k = k.data;
+  a.v = v.data;
+  a.g = g.data;
+  a.beta = beta.data;
+  a.o = o.data;
+  a.q_sb = q.stride[0], a.q_st = q.stride[1], a.q_sh = q.stride[2];
+  a.k_sb = k.stride[0], a.k_st = k.stride[1], a.k_sh = k.stride[2];
+  a.v_sb = v.stride[0], a.v_st = v.stride[1], a.v_sh = v.stride[2];
+  a.o_sb = o.stride[0], a.o_st = o.stride[1], a.o_sh = o.stride[2];
+  a.g_sb = g.stride[0], a.g_st = g.stride[1], a.g_sh = g.stride[2];
+  a.beta_sb = beta.stride[0], a.beta_st = beta.stride[1], a.beta_sh = beta.stride[2];
+  if (mask.defined()) {
+    a.mask = static_cast<const std::uint8_t*>(mask.data);
+    a.mask_sb = mask.stride[0], a.mask_st = mask.stride[1];
+  }
+  a.gate_in_kernel = opts.gate_in_kernel;
+  if (opts.gate_in_kernel) {
+    a.A_log = static_cast<const float*>(A_log.data);
+    if (dt_bias.defined()) {
+      a.dt_bias = static_cast<const float*>(dt_bias.data);
+      a.dt_bias_sh = dt_bias.stride[0];
+    }
+  }
+  a.beta_sigmoid = opts.beta_sigmoid;
+  a.qk_l2norm = opts.qk_l2norm;
+  a.eps = opts.l2norm_eps;
+  a.scale = prob.scale != 0.f
+                ? prob.scale
+                : (opts.scale != 0.f ? opts.scale : 1.0f / std::sqrt(static_cast<float>(prob.Dk)));
+  a.in_dtype = static_cast<int>(prob.dtype);
+  a.g_dtype = static_cast<int>(g.dtype);
+  a.beta_dtype = static_cast<int>(beta.dtype);
+  a.Hv = static_cast<int>(prob.Hv);
+  a.group = static_cast<int>(prob.Hv / prob.Hk);
+  // 16-byte staging units (launch() also needs the block's v columns to be whole units).
+  a.vec_tok = rows16(q) && rows16(k) && rows16(v) && (prob.gate == GateKind::scalar || rows16(g));
+}
+
+void check_common(const char* op, const Problem& prob, const TensorView& q, const TensorView& g,
+                  const TensorView& beta, const TensorView& A_log, const TensorView& dt_bias,
+                  const TensorView& mask, const Options& opts) {
+  check_dim(op, "Dk", prob.Dk);
+  check_dim(op, "Dv", prob.Dv);
+  check_float_dtype(op, "q", q, false);
+  check_float_dtype(op, "g", g, false);
+  check_float_dtype(op, "beta", beta, false);
+  if (opts.gate_in_kernel) {
+    if (!A_log.defined()) refuse(op, "gate_in_kernel needs A_log [Hv]");
+    check_float_dtype(op, "A_log", A_log, true);
+    check_float_dtype(op, "dt_bias", dt_bias, true);
+  }
+  if (mask.defined() && mask.dtype != DType::boolean)
+    refuse(op, "mask has dtype " + std::string(to_string(mask.dtype)) + "; must be bool");
+  if (prob.Hv > INT_MAX / 2) refuse(op, "Hv is " + std::to_string(prob.Hv) + "; too large");
+}
+
+void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
+            cudaStream_t stream) {
+  const std::int64_t heads = a.N * prob.Hv;
+  int warps = g_warps_override.load(std::memory_order_relaxed);
+  const int cw = recurrent_columns_per_warp(prob.Dk, v_first);
+  if (warps <= 0 || (prob.Dv / cw) % warps != 0)
+    warps = recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first,
+                                      sm_count(prob.device_index, op));
+  const std::int64_t splits = prob.Dv / (static_cast<std::int64_t>(warps) * cw);
+  const std::int64_t blocks = heads * splits;
+  if (blocks == 0) return;
+  if (blocks > INT_MAX)
+    refuse(op,
+           "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
+  a.splits = static_cast<int>(splits);
+  const int values_per_unit = 16 / dtype_size(prob.dtype);
+  a.vec_tok = a.vec_tok && (warps * cw) % values_per_unit == 0;
+  const bool per_key = prob.gate == GateKind::per_key;
+  with_dim(prob.Dk, [&](auto dk) {
+    constexpr int DK = decltype(dk)::value;
+    constexpr int TC = detail::Tile<DK, false>::kTC;
+    a.tc = static_cast<int>(a.T < TC ? (a.T > 0 ? a.T : 1) : TC);
+    const std::size_t smem = sizeof(float) * detail::shared_floats(DK, per_key, a.tc, warps * cw);
+    with_bool(v_first, [&](auto vf) {
+      with_bool(per_key, [&](auto pk) {
+        static_assert(detail::Tile<DK, decltype(vf)::value>::kCW ==
+                      recurrent_columns_per_warp(DK, decltype(vf)::value));
+        detail::recurrent_kernel<DK, decltype(vf)::value, decltype(pk)::value>
+            <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
+      });
+    });
+  });
+  check(cudaGetLastError(), op, "recurrent kernel launch");
+}
+
+}  // namespace
+
+void set_recurrent_warps_override(int warps) {
+  g_warps_override.store(warps == 1 || warps == 2 || warps == 4 || warps == 8 ? warps : 0);
+}
+
+void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {
+  const char* op = "gdr.decode";
+  check_common(op, prob, p.q, p.g, p.beta, p.A_log, p.dt_bias, p.mask, p.opts);
+  if (p.state.dtype != DType::f32) refuse(op, "state must be float32");
+  if (p.state_indices.defined() && p.state_indices.dtype != DType::i32 &&
+      p.state_indices.dtype != DType::i64)
+    refuse(op, "state_indices has dtype " + std::string(to_string(p.state_indices.dtype)) +
+                   "; must be int32 or int64");
+  if (prob.B == 0 || prob.T == 0 || prob.Hv == 0) return;
+  DeviceGuard guard(prob.device_index, op);
+  RecurrentArgs a{};
+  set_token_inputs(a, p.q, p.k, p.v, p.g, p.beta, p.mask, p.o, p.A_log, p.dt_bias, p.opts, prob);
+  a.h_in = static_cast<const float*>(p.state.data);
+  a.h_out = static_cast<float*>(p.state.data);
+  a.hin_s0 = a.hout_s0 = p.state.stride[0];
+  a.hin_s1 = a.hout_s1 = p.state.stride[1];
+  a.hin_s2 = a.hout_s2 = p.state.stride[2];
+  a.vec_in = a.vec_out = vectorizable(p.state);
+  if (p.state_indices.defined()) {
+    a.state_indices = p.state_indices.data;
+    a.idx_dtype = static_cast<int>(p.state_indices.dtype);
+    if (p.state_indices.stride[0] != 1) refuse(op, "state_indices must be contiguous");
+  }
+  a.N = prob.B;
+  a.T = prob.T;
+  a.P = prob.P > 0 ? prob.P : p.state.shape[0];
+  launch(a, prob, p.opts.state_layout == StateLayout::v_first, op,
+         static_cast<cudaStream_t>(config.stream));
+}
+
+void recurrent_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
+  const char* op = "gdr.forward";
+  const Inputs& in = p.in;
+  check_common(op, prob, in.q, in.g, in.beta, in.A_log, in.dt_bias, in.mask, p.opts);
+  if (in.h0.defined() && in.h0.dtype != DType::f32) refuse(op, "h0 must be float32");
+  if (p.final_state.defined() && p.final_state.dtype != DType::f32)
+    refuse(op, "final_state must be float32");
+  if (prob.N == 0 || prob.Hv == 0) return;
+  DeviceGuard guard(prob.device_index, op);
+  const auto stream = static_cast<cudaStream_t>(config.stream);
+  RecurrentArgs a{};
+  if (prob.varlen) {
+    // Validation reads cu_seqlens values only from host memory: copy a device tensor over
+    // (ordered on the caller's stream) and check it here, before any kernel reads it.
+    const TensorView& cu = in.cu_seqlens;
+    if (cu.stride[0] != 1) refuse(op, "cu_seqlens must be contiguous");
+    if (cu.device == DeviceType::cuda) {
+      std::vector<std::int64_t> host(static_cast<std::size_t>(prob.N) + 1);
+      check(cudaMemcpyAsync(host.data(), cu.data, (prob.N + 1) * dtype_size(cu.dtype),
+                            cudaMemcpyDeviceToHost, stream),
+            op, "cudaMemcpyAsync(cu_seqlens)");
+      check(cudaStreamSynchronize(stream), op, "cudaStreamSynchronize");
+      check_cu_seqlens_values(host.data(), cu.dtype, prob.N + 1, prob.T, op);
+    } else {
+      refuse(op, "cu_seqlens is on the cpu while the other tensors are on cuda");
+    }
+    a.cu_seqlens = cu.data;
+    a.cu_dtype = static_cast<int>(cu.dtype);
+  }
+  if (prob.T == 0 && !prob.varlen && !p.final_state.defined()) return;
+  set_token_inputs(a, in.q, in.k, in.v, in.g, in.beta, in.mask, p.o, in.A_log, in.dt_bias, p.opts,
+                   prob);
+  if (in.h0.defined()) {
+    a.h_in = static_cast<const float*>(in.h0.data);
+    a.hin_s0 = in.h0.stride[0], a.hin_s1 = in.h0.stride[1], a.hin_s2 = in.h0.stride[2];
+    a.vec_in = vectorizable(in.h0);
+  }
+  if (p.final_state.defined()) {
+    a.h_out = static_cast<float*>(p.final_state.data);
+    a.hout_s0 = p.final_state.stride[0], a.hout_s1 = p.final_state.stride[1];
+    a.hout_s2 = p.final_state.stride[2];
+    a.vec_out = vectorizable(p.final_state);
+  }
+  a.N = prob.N;
+  a.T = prob.T;
+  a.P = prob.N;
+  launch(a, prob, p.opts.state_layout == StateLayout::v_first, op, stream);
+}
+
+}  // namespace gdr::cuda

@@ -1,0 +1,390 @@
+// Decode benchmark of the CUDA recurrent kernel through gdr::decode (state pool in place).
+//
+// Per configuration (B, T): NS input sets (q, k, v, g, beta, o, state), together larger than
+// 3x the 60 MB L2 where memory allows, are drawn on the GPU; one CUDA graph holds NS decode
+// calls, one per set; each replay is timed with events, time per call = replay / NS; median
+// of >= 20 replays after warm-up. A device-to-device copy measured in the same run gives the
+// bandwidth ceiling. Every configuration is first checked against the float64 reference on the
+// first sequences (gdr::forward, Path::reference on host copies of the same inputs).
+//
+// Work model (PERF.md): minimal bytes per call = fp32 state read + written
+// (2 * B * Hv * Dk * Dv * 4) + q, k, v read + o written (input dtype) + g, beta (f32).
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/tuning.h"
+#include "cuda_fill.h"
+#include "gdr/gdr.h"
+
+namespace {
+
+using gdr::DType;
+using gdr::TensorView;
+using json = nlohmann::json;
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+struct Options {
+  std::vector<std::int64_t> batches{1, 8, 32, 128, 256};
+  std::vector<std::int64_t> tokens{1, 8};
+  std::int64_t Hk = 16, Hv = 32, Dk = 128, Dv = 128;
+  std::string dtype = "bf16";
+  int reps = 30, warmup = 5;
+  std::uint64_t seed = 20261129;
+  bool sweep_warps = false;
+  std::string json_path, dump_dir;
+  std::int64_t dump_B = 8, dump_T = 1;
+};
+
+struct Shape {
+  std::int64_t B, T, Hk, Hv, Dk, Dv;
+  DType dtype;
+  std::int64_t state_floats() const { return B * Hv * Dk * Dv; }
+  // Minimal bytes one call moves (PERF.md).
+  double bytes() const {
+    const double es = gdr::dtype_size(dtype);
+    return 2.0 * state_floats() * 4 + es * B * T * (2 * Hk * Dk + 2 * Hv * Dv) +
+           4.0 * B * T * Hv * 2;
+  }
+};
+
+// One input set on the device.
+struct DeviceSet {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  float *g = nullptr, *beta = nullptr, *state = nullptr;
+  void free_all() {
+    for (void* p :
+         {q, k, v, o, static_cast<void*>(g), static_cast<void*>(beta), static_cast<void*>(state)})
+      cudaFree(p);
+  }
+};
+
+DeviceSet make_set(const Shape& s, std::uint64_t seed, cudaStream_t st) {
+  DeviceSet d;
+  const int es = gdr::dtype_size(s.dtype), dt = static_cast<int>(s.dtype);
+  const std::int64_t nq = s.B * s.T * s.Hk * s.Dk, nv = s.B * s.T * s.Hv * s.Dv,
+                     ng = s.B * s.T * s.Hv;
+  check(cudaMalloc(&d.q, nq * es), "malloc q");
+  check(cudaMalloc(&d.k, nq * es), "malloc k");
+  check(cudaMalloc(&d.v, nv * es), "malloc v");
+  check(cudaMalloc(&d.o, nv * es), "malloc o");
+  check(cudaMalloc(&d.g, ng * 4), "malloc g");
+  check(cudaMalloc(&d.beta, ng * 4), "malloc beta");
+  check(cudaMalloc(&d.state, s.state_floats() * 4), "malloc state");
+  // q ~ U(-1, 1), keys unit L2 rows, v ~ U(-1, 1), g ~ -0.2 U(0, 1) (mild), beta ~ U(0, 1),
+  // state ~ U(-1, 1).
+  check(gdr::bench::fill_uniform(d.q, dt, nq, seed + 1, -1.f, 1.f, st), "fill q");
+  check(gdr::bench::fill_unit_rows(d.k, dt, nq / s.Dk, static_cast<int>(s.Dk), seed + 2, st),
+        "fill k");
+  check(gdr::bench::fill_uniform(d.v, dt, nv, seed + 3, -1.f, 1.f, st), "fill v");
+  check(gdr::bench::fill_uniform(d.g, 0, ng, seed + 4, -0.2f, 0.f, st), "fill g");
+  check(gdr::bench::fill_uniform(d.beta, 0, ng, seed + 5, 0.f, 1.f, st), "fill beta");
+  check(gdr::bench::fill_uniform(d.state, 0, s.state_floats(), seed + 6, -1.f, 1.f, st),
+        "fill state");
+  return d;
+}
+
+TensorView view(void* p, DType dt, std::initializer_list<std::int64_t> shape, bool cuda = true) {
+  return TensorView::contiguous(p, dt, shape, cuda ? gdr::DeviceType::cuda : gdr::DeviceType::cpu);
+}
+
+gdr::DecodeParams decode_params(const Shape& s, const DeviceSet& d) {
+  gdr::DecodeParams p;
+  p.q = view(d.q, s.dtype, {s.B, s.T, s.Hk, s.Dk});
+  p.k = view(d.k, s.dtype, {s.B, s.T, s.Hk, s.Dk});
+  p.v = view(d.v, s.dtype, {s.B, s.T, s.Hv, s.Dv});
+  p.g = view(d.g, DType::f32, {s.B, s.T, s.Hv});
+  p.beta = view(d.beta, DType::f32, {s.B, s.T, s.Hv});
+  p.state = view(d.state, DType::f32, {s.B, s.Hv, s.Dk, s.Dv});
+  p.o = view(d.o, s.dtype, {s.B, s.T, s.Hv, s.Dv});
+  return p;
+}
+
+template <typename T>
+std::vector<T> to_host(const void* p, std::int64_t n) {
+  std::vector<T> h(static_cast<std::size_t>(n));
+  check(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
+  return h;
+}
+
+double to_double(const std::vector<std::uint16_t>& raw, std::size_t i, DType dt) {
+  if (dt == DType::bf16) {
+    std::uint32_t bits = static_cast<std::uint32_t>(raw[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  // f16 -> float
+  const std::uint16_t h = raw[i];
+  const int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+  double v = exp == 0    ? std::ldexp(man, -24)
+             : exp == 31 ? INFINITY
+                         : std::ldexp(man + 1024, exp - 25);
+  return sign ? -v : v;
+}
+
+double rel_err(const std::vector<double>& a, const std::vector<double>& r) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (a[i] - r[i]) * (a[i] - r[i]);
+    den += r[i] * r[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Runs one decode on set `d` and checks the first min(B, 4) sequences against the reference.
+// Returns {o error, state error}. Leaves the set's state advanced by one step.
+std::pair<double, double> check_against_reference(const Shape& s, const DeviceSet& d,
+                                                  cudaStream_t st, const std::string& dump_dir) {
+  const std::int64_t Bc = std::min<std::int64_t>(s.B, 4);
+  const Shape c{Bc, s.T, s.Hk, s.Hv, s.Dk, s.Dv, s.dtype};
+  const std::int64_t nq = c.B * c.T * c.Hk * c.Dk, nv = c.B * c.T * c.Hv * c.Dv,
+                     ng = c.B * c.T * c.Hv;
+  check(cudaStreamSynchronize(st), "sync");
+  auto q = to_host<std::uint16_t>(d.q, nq), k = to_host<std::uint16_t>(d.k, nq),
+       v = to_host<std::uint16_t>(d.v, nv);
+  auto g = to_host<float>(d.g, ng), beta = to_host<float>(d.beta, ng);
+  auto h0 = to_host<float>(d.state, c.state_floats());
+  gdr::ExecConfig cfg;
+  cfg.stream = st;
+  gdr::decode(decode_params(s, d), cfg);
+  check(cudaStreamSynchronize(st), "decode");
+  auto o_raw = to_host<std::uint16_t>(d.o, nv);
+  auto h1 = to_host<float>(d.state, c.state_floats());
+
+  // float64 reference on host copies of the same inputs.
+  std::vector<std::uint16_t> o_ref(static_cast<std::size_t>(nv));
+  std::vector<float> h_ref(static_cast<std::size_t>(c.state_floats()));
+  gdr::ForwardParams fp;
+  fp.in.q = view(q.data(), s.dtype, {c.B, c.T, c.Hk, c.Dk}, false);
+  fp.in.k = view(k.data(), s.dtype, {c.B, c.T, c.Hk, c.Dk}, false);
+  fp.in.v = view(v.data(), s.dtype, {c.B, c.T, c.Hv, c.Dv}, false);
+  fp.in.g = view(g.data(), DType::f32, {c.B, c.T, c.Hv}, false);
+  fp.in.beta = view(beta.data(), DType::f32, {c.B, c.T, c.Hv}, false);
+  fp.in.h0 = view(h0.data(), DType::f32, {c.B, c.Hv, c.Dk, c.Dv}, false);
+  fp.o = view(o_ref.data(), s.dtype, {c.B, c.T, c.Hv, c.Dv}, false);
+  fp.final_state = view(h_ref.data(), DType::f32, {c.B, c.Hv, c.Dk, c.Dv}, false);
+  gdr::ExecConfig ref_cfg;
+  ref_cfg.path = gdr::Path::reference;
+  gdr::forward(fp, ref_cfg);
+  // The reference's o is rounded to the input dtype like ours; compare both as doubles.
+  std::vector<double> og(nv), orf(nv), hg(h1.begin(), h1.end()), hr(h_ref.begin(), h_ref.end());
+  for (std::int64_t i = 0; i < nv; ++i) {
+    og[i] = to_double(o_raw, i, s.dtype);
+    orf[i] = to_double(o_ref, i, s.dtype);
+  }
+  if (!dump_dir.empty()) {
+    // Raw little-endian arrays for bench/peers/fla_decode.py's sanity check against FLA.
+    auto dump = [&](const char* name, const void* p, std::size_t bytes) {
+      std::ofstream f(dump_dir + "/" + name, std::ios::binary);
+      f.write(static_cast<const char*>(p), static_cast<std::streamsize>(bytes));
+    };
+    dump("q.bin", q.data(), q.size() * 2);
+    dump("k.bin", k.data(), k.size() * 2);
+    dump("v.bin", v.data(), v.size() * 2);
+    dump("g.bin", g.data(), g.size() * 4);
+    dump("beta.bin", beta.data(), beta.size() * 4);
+    dump("h0.bin", h0.data(), h0.size() * 4);
+    dump("o.bin", o_raw.data(), o_raw.size() * 2);
+    dump("ht.bin", h1.data(), h1.size() * 4);
+    json meta = {{"B", c.B},
+                 {"T", c.T},
+                 {"Hk", c.Hk},
+                 {"Hv", c.Hv},
+                 {"Dk", c.Dk},
+                 {"Dv", c.Dv},
+                 {"dtype", std::string(gdr::to_string(s.dtype))}};
+    std::ofstream(dump_dir + "/meta.json") << meta.dump(1) << "\n";
+  }
+  return {rel_err(og, orf), rel_err(hg, hr)};
+}
+
+float median(std::vector<float> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+// Median time per decode call (us) over graph replays of NS calls, one per set.
+double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
+                  const Options& opt) {
+  gdr::ExecConfig cfg;
+  cfg.stream = st;
+  gdr::decode(decode_params(s, sets[0]), cfg);  // first call outside the capture (lazy setup)
+  check(cudaStreamSynchronize(st), "warm");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+  for (const DeviceSet& d : sets) gdr::decode(decode_params(s, d), cfg);
+  check(cudaStreamEndCapture(st, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  for (int i = 0; i < opt.warmup; ++i) check(cudaGraphLaunch(exec, st), "replay");
+  std::vector<float> ms;
+  for (int i = 0; i < opt.reps; ++i) {
+    check(cudaEventRecord(e0, st), "record");
+    check(cudaGraphLaunch(exec, st), "replay");
+    check(cudaEventRecord(e1, st), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return 1e3 * median(ms) / static_cast<double>(sets.size());
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second), median of 20.
+double copy_bandwidth(cudaStream_t st) {
+  const std::size_t bytes = std::size_t{1} << 30;
+  void *a, *b;
+  check(cudaMalloc(&a, bytes), "malloc");
+  check(cudaMalloc(&b, bytes), "malloc");
+  check(cudaMemsetAsync(a, 1, bytes, st), "memset");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  std::vector<float> ms;
+  for (int i = 0; i < 23; ++i) {
+    check(cudaEventRecord(e0, st), "record");
+    check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st), "copy");
+    check(cudaEventRecord(e1, st), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (1e-3 * median(ms));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"gdr CUDA decode benchmark (graph replays, rotated input sets)"};
+  app.add_option("--batches", opt.batches, "batch sizes B");
+  app.add_option("--tokens", opt.tokens, "tokens per step T (1..16)");
+  app.add_option("--hk", opt.Hk);
+  app.add_option("--hv", opt.Hv);
+  app.add_option("--dk", opt.Dk);
+  app.add_option("--dv", opt.Dv);
+  app.add_option("--dtype", opt.dtype, "bf16 | f16 (q, k, v, o)");
+  app.add_option("--reps", opt.reps, "timed graph replays (median)");
+  app.add_option("--warmup", opt.warmup);
+  app.add_option("--seed", opt.seed);
+  app.add_flag("--sweep-warps", opt.sweep_warps, "also time 1, 2, 4, 8 warps per block");
+  app.add_option("--json", opt.json_path, "write the results here");
+  app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
+  app.add_option("--dump-b", opt.dump_B);
+  app.add_option("--dump-t", opt.dump_T);
+  CLI11_PARSE(app, argc, argv);
+  const DType dtype = opt.dtype == "f16" ? DType::f16 : DType::bf16;
+  opt.reps = std::max(opt.reps, 20);
+
+  try {
+    cudaStream_t st;
+    check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+    cudaDeviceProp prop;
+    check(cudaGetDeviceProperties(&prop, 0), "properties");
+    const double copy_bw = copy_bandwidth(st);
+    std::printf("device %s, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read + write)\n", prop.name,
+                prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw / 1e9);
+    std::size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "meminfo");
+
+    json rows = json::array();
+    for (std::int64_t T : opt.tokens) {
+      for (std::int64_t B : opt.batches) {
+        const Shape s{B, T, opt.Hk, opt.Hv, opt.Dk, opt.Dv, dtype};
+        const double set_bytes = s.bytes();
+        // Enough sets to cover 3 x L2 (180 MB), at most 64, within a quarter of free memory.
+        int ns = static_cast<int>(std::ceil(180e6 / set_bytes));
+        ns = std::clamp(ns, 2, 64);
+        while (ns > 1 && ns * set_bytes > 0.25 * static_cast<double>(free_b)) --ns;
+        std::vector<DeviceSet> sets;
+        for (int i = 0; i < ns; ++i) sets.push_back(make_set(s, opt.seed + 100 * i, st));
+        const bool dump = !opt.dump_dir.empty() && B == opt.dump_B && T == opt.dump_T;
+        const auto [o_err, s_err] =
+            check_against_reference(s, sets[0], st, dump ? opt.dump_dir : std::string());
+        const double tol = 5e-3;
+        const bool ok = o_err < tol && s_err < 1e-5;
+        json sweep = json::object();
+        if (opt.sweep_warps) {
+          for (int w : {1, 2, 4, 8}) {
+            gdr::cuda::set_recurrent_warps_override(w);
+            sweep[std::to_string(w)] = time_graph(s, sets, st, opt);
+          }
+          gdr::cuda::set_recurrent_warps_override(0);
+        }
+        const double us = time_graph(s, sets, st, opt);
+        const double gbps = s.bytes() / (us * 1e-6) / 1e9;
+        const double floor_us = s.bytes() / copy_bw * 1e6;
+        std::printf(
+            "B=%4lld T=%2lld  %9.2f us  %7.0f GB/s  %5.1f%% of copy  floor %8.2f us  "
+            "sets %2d  err o %.2e state %.2e %s\n",
+            static_cast<long long>(B), static_cast<long long>(T), us, gbps,
+            100.0 * gbps * 1e9 / copy_bw, floor_us, ns, o_err, s_err, ok ? "ok" : "FAILED");
+        rows.push_back({{"B", B},
+                        {"T", T},
+                        {"Hk", opt.Hk},
+                        {"Hv", opt.Hv},
+                        {"Dk", opt.Dk},
+                        {"Dv", opt.Dv},
+                        {"dtype", opt.dtype},
+                        {"state", "float32 k_first"},
+                        {"gdr_us", us},
+                        {"bytes", s.bytes()},
+                        {"gbps", gbps},
+                        {"fraction_of_copy", gbps * 1e9 / copy_bw},
+                        {"floor_us", floor_us},
+                        {"sets", ns},
+                        {"warps_sweep_us", sweep},
+                        {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
+        for (DeviceSet& d : sets) d.free_all();
+        if (!ok)
+          std::fprintf(stderr, "check FAILED for B=%lld T=%lld\n", static_cast<long long>(B),
+                       static_cast<long long>(T));
+      }
+    }
+    json out = {{"device", prop.name},
+                {"sms", prop.multiProcessorCount},
+                {"copy_bandwidth_Bps", copy_bw},
+                {"seed", opt.seed},
+                {"reps", opt.reps},
+                {"method",
+                 "CUDA graph of NS decode calls over rotated input sets; events "
+                 "around each replay; median per call"},
+                {"rows", rows}};
+    if (!opt.json_path.empty()) std::ofstream(opt.json_path) << out.dump(1) << "\n";
+    cudaStreamDestroy(st);
+    for (const auto& r : rows)
+      if (!r["check"]["ok"].get<bool>()) return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_decode: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,593 @@
+// The recurrent (per-token) gated delta rule kernel: decode (state in place, T = 1..16) and the
+// sequential forward (h0 -> final_state, any T, varlen) run through the same kernel.
+//
+// Math (SPEC Section 2), per sequence and value head, S in R^{Dk x Dv}, column j of S being
+// the "value row" j (S^T row j):
+//   S'    = a_t * S                (scalar gate, a_t = exp(g_t))
+//   S'    = diag(a_t) S            (per-key gate, a_t[i] = exp(g_t[i]))
+//   u_j   = beta_t * (v_t[j] - S'[:, j] . k_t)
+//   S[:,j] = S'[:, j] + k_t u_j
+//   o_t[j] = scale * S[:, j] . q_t = a_t * (S[:, j] . q~) + u_j * (k_t . q~)    (q~ = scale * q)
+// Each value column j is independent given (q, k, a, beta), so the state is split by columns:
+// one warp owns CW value columns x all Dk rows, kept in registers across the T tokens
+// (Dk * CW / 32 floats = M float4 per thread), loaded and stored once with 16-byte
+// accesses. The two Dk-reductions of a token (S'.k and S'.q) are a few shuffles inside the warp.
+//
+// Register tile of one thread (lane in 0..31), vector m in 0..M-1:
+//   k-first ([.., Dk, Dv], rows contiguous over Dv): CG = CW / 4 lanes per state row,
+//     RG = 32 / CG row groups; lane = rg * CG + cg; vector m holds S[rg*M + m, c0 + 4cg .. +3]
+//     (4 columns of one key row; a thread's M rows are consecutive, so its k and q values are
+//     M/4 16-byte shared loads). A warp's load touches RG rows x 16*CG contiguous bytes.
+//   v-first ([.., Dv, Dk], S^T rows contiguous over Dk): LPC = 32 / CW lanes per value column;
+//     lane = col * LPC + lic; vector m holds S[4(lic + LPC*m) .. +3, c0 + col] (4 keys of one
+//     column). A warp's load touches CW rows x 16*LPC contiguous bytes.
+// (CW, M per layout and Dk: Tile below.)
+//
+// A block is W warps (W * CW consecutive value columns of one (sequence, value head)); the
+// per-token inputs of a chunk of up to TC tokens (raw q and k, the decays, beta, the block's
+// v columns, the mask) are staged once per block in shared memory; the L2 norms, k.q and the
+// scale ride along in the per-token butterfly. Blocks never share state columns, so decode in
+// place has no cross-block hazard.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace gdr::cuda::detail {
+
+// Element type codes as in gdr::DType (types.h): f32 = 0, f16 = 1, bf16 = 2, i32 = 4, i64 = 5.
+enum : int { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 4, kI64 = 5 };
+
+// Everything the kernel reads: plain pointers and int64 element strides (last dim contiguous).
+struct RecurrentArgs {
+  // Token inputs, [B, T, Hk, Dk] (q, k), [B, T, Hv, Dv] (v, o), [B, T, Hv] or [B, T, Hv, Dk] (g),
+  // [B, T, Hv] (beta), [B, T] (mask); strides for (b, t, head).
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* g;
+  const void* beta;
+  const std::uint8_t* mask;  // optional, bool
+  void* o;
+  std::int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh;
+  std::int64_t g_sb, g_st, g_sh, beta_sb, beta_st, beta_sh, mask_sb, mask_st;
+  std::int64_t o_sb, o_st, o_sh;
+  // Gate in kernel: A_log [Hv], dt_bias [Hv] or [Hv, Dk] (optional), f32.
+  const float* A_log;
+  const float* dt_bias;
+  std::int64_t dt_bias_sh;
+  // State rows: [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] (v-first), f32; strides of the
+  // first three dims. h_in null: zeros; h_out null: not stored. Decode: both the pool.
+  const float* h_in;
+  float* h_out;
+  std::int64_t hin_s0, hin_s1, hin_s2, hout_s0, hout_s1, hout_s2;
+  // Sequences: n in [0, N). Decode/forward without varlen: batch row n, tokens [0, T).
+  // Varlen (cu_seqlens [N + 1], i32|i64): batch row 0, tokens [cu[n], cu[n+1]).
+  // state_indices [N] (i32|i64, optional): state row of sequence n; negative skips it.
+  const void* cu_seqlens;
+  const void* state_indices;
+  std::int64_t N, T;
+  std::int64_t P;  // state rows (decode pool); rows >= P are never touched
+  int Hv, group;   // group = Hv / Hk
+  int splits;      // blocks per (sequence, value head): Dv / (W * CW)
+  int tc;          // tokens staged per chunk (<= TC of the instantiation)
+  float scale, eps;
+  int in_dtype, g_dtype, beta_dtype, cu_dtype, idx_dtype;
+  bool gate_in_kernel, beta_sigmoid, qk_l2norm, vec_in, vec_out;
+  // q, k, v (and a per-key g) rows start on 16-byte boundaries with strides to match: the
+  // staging then moves 16-byte units (8 bf16/f16 or 4 f32 values) instead of elements.
+  bool vec_tok;
+};
+
+// Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
+// shared-memory stores of the staging code.
+__device__ __forceinline__ float ldg_as_float(const void* p, std::int64_t i, int dtype) {
+  if (dtype == kBF16) {
+    const std::uint32_t bits = __ldg(static_cast<const unsigned short*>(p) + i);
+    return __uint_as_float(bits << 16);
+  }
+  if (dtype == kF16) return __half2float(__ldg(static_cast<const __half*>(p) + i));
+  return __ldg(static_cast<const float*>(p) + i);
+}
+
+__device__ __forceinline__ void store_from_float(void* p, std::int64_t i, int dtype, float x) {
+  if (dtype == kBF16) {
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+  } else if (dtype == kF16) {
+    static_cast<__half*>(p)[i] = __float2half_rn(x);
+  } else {
+    static_cast<float*>(p)[i] = x;
+  }
+}
+
+__device__ __forceinline__ std::int64_t load_index(const void* p, std::int64_t i, int dtype) {
+  return dtype == kI64 ? static_cast<const std::int64_t*>(p)[i]
+                       : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p)[i]);
+}
+
+// Four consecutive floats; one 16-byte access when the row is 16-byte aligned.
+__device__ __forceinline__ float4 load4(const float* p, bool vec) {
+  if (vec) return __ldcs(reinterpret_cast<const float4*>(p));
+  return make_float4(p[0], p[1], p[2], p[3]);
+}
+__device__ __forceinline__ void store4(float* p, float4 x, bool vec) {
+  if (vec) {
+    __stcs(reinterpret_cast<float4*>(p), x);
+  } else {
+    p[0] = x.x;
+    p[1] = x.y;
+    p[2] = x.z;
+    p[3] = x.w;
+  }
+}
+
+// Converts a 16-byte unit of `dtype` values (8 for 16-bit types, 4 for f32) to floats.
+__device__ __forceinline__ int unit_to_float(uint4 u, int dtype, float* x) {
+  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  if (dtype == kF32) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = __uint_as_float(w[i]);
+    return 4;
+  }
+  if (dtype == kBF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = __uint_as_float(w[i] << 16);
+      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+    return 8;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+  return 8;
+}
+
+__device__ __forceinline__ float softplus(float x) {
+  return x > 20.f ? x : log1pf(expf(x));
+}
+
+// Compile-time tile of one instantiation (see the header comment). A thread holds M float4:
+//   k-first: CW = 16 (8 at Dk = 256) columns per warp, M = Dk * CW / 128 (8 or 16);
+//   v-first: LPC = Dk / 32 lanes per column (a 16-byte access per lane covers 4 keys),
+//            CW = 32 / LPC, M = 8.
+// Both keep the state plus the staged k (and q) values a thread reuses under 128 registers.
+template <int DK, bool VFIRST>
+struct Tile {
+  static constexpr int kLPC = DK / 32;                                   // v-first
+  static constexpr int kCW = VFIRST ? 32 / kLPC : (DK == 256 ? 8 : 16);  // columns per warp
+  static constexpr int kM = DK * kCW / 128;                              // float4 per thread
+  static constexpr int kCG = kCW / 4, kRG = 32 / kCG;                    // k-first
+  static constexpr int kTC = DK == 256 ? 8 : 16;                         // tokens per chunk
+};
+
+// Shared floats per block for `tc` staged tokens and `cb` value columns:
+//   q[tc][Dk], k[tc][Dk], v[tc][cb], a[tc][Dk or 1], beta[tc], mask[tc].
+inline constexpr int shared_floats(int dk, bool per_key, int tc, int cb) {
+  return tc * (2 * dk + (per_key ? dk : 1) + cb + 2);
+}
+
+// ---- staging of one chunk of `cnt` tokens (tokens tok0 .. tok0 + cnt - 1 of batch row b) ----
+// Shared layout (floats, each array from a multiple of 4): q[cnt][DK], k[cnt][DK], v[cnt][cb],
+// a[cnt][DK or 1] = exp(g) (after the in-kernel gate), beta[cnt] (after the sigmoid), mask[cnt].
+
+// Per-token scalars: [scalar g: cnt (scalar gate only)][beta: cnt][mask: cnt]; loaded into
+// `x` (at most 2 per thread: 3 * 16 <= 2 * 32), stored by store_scalars after the other loads.
+template <bool PERKEY>
+__device__ __forceinline__ void load_scalars(const RecurrentArgs& a, int cnt, std::int64_t b,
+                                             std::int64_t tok0, int hv, float x[2]) {
+  const int s_b = PERKEY ? 0 : cnt, s_m = s_b + cnt, s_end = s_m + cnt;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int f = threadIdx.x + j * blockDim.x;
+    x[j] = 0.f;
+    if (f < s_b) {
+      x[j] = ldg_as_float(a.g, b * a.g_sb + (tok0 + f) * a.g_st + hv * a.g_sh, a.g_dtype);
+    } else if (f < s_m) {
+      const std::int64_t tok = tok0 + f - s_b;
+      x[j] = ldg_as_float(a.beta, b * a.beta_sb + tok * a.beta_st + hv * a.beta_sh, a.beta_dtype);
+    } else if (f < s_end) {
+      const std::int64_t tok = tok0 + f - s_m;
+      x[j] = (a.mask && !__ldg(a.mask + b * a.mask_sb + tok * a.mask_st)) ? 0.f : 1.f;
+    }
+  }
+}
+
+template <bool PERKEY>
+__device__ __forceinline__ void store_scalars(const RecurrentArgs& a, int cnt, float A,
+                                              const float* dtb, const float x[2], float* gs,
+                                              float* bs, float* ms) {
+  const int s_b = PERKEY ? 0 : cnt, s_m = s_b + cnt, s_end = s_m + cnt;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int f = threadIdx.x + j * blockDim.x;
+    if (f < s_b) {  // a = exp(g); gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
+      gs[f] = expf(a.gate_in_kernel ? A * softplus(x[j] + (dtb ? __ldg(dtb) : 0.f)) : x[j]);
+    } else if (f < s_m) {
+      bs[f - s_b] = a.beta_sigmoid ? 1.f / (1.f + expf(-x[j])) : x[j];
+    } else if (f < s_end) {
+      ms[f - s_m] = x[j];
+    }
+  }
+}
+
+// Fast path (a.vec_tok): q, k, v rows (and per-key g rows) move as 16-byte units, two units in
+// flight per thread before any shared store.
+template <int DK, bool PERKEY>
+__device__ __forceinline__ void stage_units(const RecurrentArgs& a, int cnt, std::int64_t b,
+                                            std::int64_t tok0, int hv, int hk, int col0, int cb,
+                                            float A, const float* dtb, float* qs, float* ks,
+                                            float* vs, float* gs, float* bs, float* ms) {
+  constexpr int LDK = DK == 64 ? 6 : (DK == 128 ? 7 : 8);
+  const int lve = a.in_dtype == kF32 ? 2 : 3;  // log2(values per unit)
+  const int lveg = a.g_dtype == kF32 ? 2 : 3;
+  const int es = a.in_dtype == kF32 ? 4 : 2, esg = a.g_dtype == kF32 ? 4 : 2;
+  const int lq = LDK - lve;               // log2(units per q/k row)
+  const int lv = (31 - __clz(cb)) - lve;  // log2(units per v row); cb % ve == 0 (host)
+  const int lg = PERKEY ? LDK - lveg : 0;
+  const int u_k = cnt << lq, u_v = 2 * u_k, u_g = u_v + (cnt << lv);
+  const int u_end = u_g + (PERKEY ? cnt << lg : 0);
+  float xs[2];
+  load_scalars<PERKEY>(a, cnt, b, tok0, hv, xs);
+  for (int f0 = threadIdx.x; f0 < u_end; f0 += 2 * blockDim.x) {
+    uint4 u[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int f = f0 + j * blockDim.x;
+      if (f >= u_end) continue;
+      const char* p;
+      if (f < u_v) {
+        const bool isk = f >= u_k;
+        const int e = isk ? f - u_k : f, t = e >> lq, w = e & ((1 << lq) - 1);
+        const std::int64_t tok = tok0 + t;
+        p = isk ? static_cast<const char*>(a.k) +
+                      es * (b * a.k_sb + tok * a.k_st + hk * a.k_sh + (w << lve))
+                : static_cast<const char*>(a.q) +
+                      es * (b * a.q_sb + tok * a.q_st + hk * a.q_sh + (w << lve));
+      } else if (f < u_g) {
+        const int e = f - u_v, t = e >> lv, w = e & ((1 << lv) - 1);
+        p = static_cast<const char*>(a.v) +
+            es * (b * a.v_sb + (tok0 + t) * a.v_st + hv * a.v_sh + col0 + (w << lve));
+      } else {
+        const int e = f - u_g, t = e >> lg, w = e & ((1 << lg) - 1);
+        p = static_cast<const char*>(a.g) +
+            esg * (b * a.g_sb + (tok0 + t) * a.g_st + hv * a.g_sh + (w << lveg));
+      }
+      u[j] = __ldg(reinterpret_cast<const uint4*>(p));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int f = f0 + j * blockDim.x;
+      if (f >= u_end) continue;
+      float x[8];
+      float* dst;
+      int n;
+      if (f < u_g) {
+        n = unit_to_float(u[j], a.in_dtype, x);
+        dst = f < u_k ? qs + (f << lve)
+                      : (f < u_v ? ks + ((f - u_k) << lve) : vs + ((f - u_v) << lve));
+      } else {
+        n = unit_to_float(u[j], a.g_dtype, x);
+        const int e = f - u_g, i0 = (e & ((1 << lg) - 1)) << lveg;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < n)  // a = exp(g); gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
+            x[i] = expf(a.gate_in_kernel ? A * softplus(x[i] + (dtb ? __ldg(dtb + i0 + i) : 0.f))
+                                         : x[i]);
+        dst = gs + (e << lveg);
+      }
+      reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
+      if (n == 8) reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
+    }
+  }
+  store_scalars<PERKEY>(a, cnt, A, dtb, xs, gs, bs, ms);
+}
+
+// General strides: element by element (read-only loads, unrolled so several are in flight).
+template <int DK, bool PERKEY>
+__device__ __forceinline__ void stage_elements(const RecurrentArgs& a, int cnt, std::int64_t b,
+                                               std::int64_t tok0, int hv, int hk, int col0, int cb,
+                                               float A, const float* dtb, float* qs, float* ks,
+                                               float* vs, float* gs, float* bs, float* ms) {
+  float xs[2];
+  load_scalars<PERKEY>(a, cnt, b, tok0, hv, xs);
+#pragma unroll 4
+  for (int e = threadIdx.x; e < cnt * DK; e += blockDim.x) {
+    const std::int64_t tok = tok0 + e / DK;
+    const int i = e % DK;
+    qs[e] = ldg_as_float(a.q, b * a.q_sb + tok * a.q_st + hk * a.q_sh + i, a.in_dtype);
+    ks[e] = ldg_as_float(a.k, b * a.k_sb + tok * a.k_st + hk * a.k_sh + i, a.in_dtype);
+  }
+#pragma unroll 4
+  for (int e = threadIdx.x; e < cnt * cb; e += blockDim.x) {
+    const std::int64_t tok = tok0 + e / cb;
+    vs[e] = ldg_as_float(a.v, b * a.v_sb + tok * a.v_st + hv * a.v_sh + col0 + e % cb, a.in_dtype);
+  }
+  if constexpr (PERKEY) {
+#pragma unroll 4
+    for (int e = threadIdx.x; e < cnt * DK; e += blockDim.x) {
+      const std::int64_t tok = tok0 + e / DK;
+      const int i = e % DK;
+      const float g = ldg_as_float(a.g, b * a.g_sb + tok * a.g_st + hv * a.g_sh + i, a.g_dtype);
+      gs[e] = expf(a.gate_in_kernel ? A * softplus(g + (dtb ? __ldg(dtb + i) : 0.f)) : g);
+    }
+  }
+  store_scalars<PERKEY>(a, cnt, A, dtb, xs, gs, bs, ms);
+}
+
+// Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
+template <int DK, bool VFIRST, bool PERKEY>
+__global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a) {
+  using Tl = Tile<DK, VFIRST>;
+  constexpr int CW = Tl::kCW, M = Tl::kM, CG = Tl::kCG, LPC = Tl::kLPC;
+  constexpr int GW = PERKEY ? DK : 1;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int cb = nwarps * CW;
+  const int split = blockIdx.x % a.splits;
+  const std::int64_t rest = blockIdx.x / a.splits;
+  const int hv = static_cast<int>(rest % a.Hv);
+  const std::int64_t n = rest / a.Hv;
+  const int hk = hv / a.group;
+  const int col0 = split * cb;        // first value column of the block
+  const int colw = col0 + warp * CW;  // first value column of the warp
+
+  std::int64_t b = n, t0 = 0, len = a.T;
+  if (a.cu_seqlens) {
+    b = 0;
+    t0 = load_index(a.cu_seqlens, n, a.cu_dtype);
+    len = load_index(a.cu_seqlens, n + 1, a.cu_dtype) - t0;
+  }
+  std::int64_t row = n;
+  if (a.state_indices) row = load_index(a.state_indices, n, a.idx_dtype);
+
+  // Skipped pool row (negative index): o = 0 for the block's columns, state untouched. An
+  // index >= P (device indices are not checked on the host) writes NaN to o, state untouched.
+  if (row < 0 || row >= a.P) {
+    const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
+    for (std::int64_t e = threadIdx.x; e < len * cb; e += blockDim.x) {
+      const std::int64_t t = e / cb;
+      const int c = static_cast<int>(e % cb);
+      store_from_float(a.o, b * a.o_sb + (t0 + t) * a.o_st + hv * a.o_sh + col0 + c, a.in_dtype,
+                       fill);
+    }
+    return;
+  }
+
+  // Offset of the thread's vector m inside one state row (s2 = stride of the third dim).
+  auto offset = [&](int m, std::int64_t s2) -> std::int64_t {
+    if constexpr (VFIRST) {
+      return static_cast<std::int64_t>(colw + lane / LPC) * s2 + 4 * (lane % LPC + LPC * m);
+    } else {
+      return static_cast<std::int64_t>((lane / CG) * M + m) * s2 + colw + 4 * (lane % CG);
+    }
+  };
+
+  // State loads first: they are the long-latency traffic and overlap the staging below.
+  float4 s[M];
+  if (a.h_in) {
+    const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1;
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m, a.hin_s2), a.vec_in);
+  } else {
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+
+  const int tc = a.tc;
+  // Every array read as float4 starts at a multiple of 4 floats (Dk and cb are).
+  float* qs = smem;          // [tc][DK]  q (raw)
+  float* ks = qs + tc * DK;  // [tc][DK]  k (raw)
+  float* vs = ks + tc * DK;  // [tc][cb]  v columns of the block
+  float* gs = vs + tc * cb;  // [tc][GW]  decay a = exp(g)
+  float* bs = gs + tc * GW;  // [tc]      beta
+  float* ms = bs + tc;       // [tc]      1 = step, 0 = masked
+
+  const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
+  const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
+
+  for (std::int64_t tb = 0; tb < len; tb += tc) {
+    const int cnt = static_cast<int>(len - tb < tc ? len - tb : tc);
+    if (tb > 0) __syncthreads();  // the previous chunk's readers are done
+    if (a.vec_tok) {
+      stage_units<DK, PERKEY>(a, cnt, b, t0 + tb, hv, hk, col0, cb, A, dtb, qs, ks, vs, gs, bs, ms);
+    } else {
+      stage_elements<DK, PERKEY>(a, cnt, b, t0 + tb, hv, hk, col0, cb, A, dtb, qs, ks, vs, gs, bs,
+                                 ms);
+    }
+    __syncthreads();
+
+    // ---- the recurrence over the chunk, state in registers ----
+    // The token's Dk-reductions are done on the raw q, k in one butterfly: S'.k, S'.q, k.q and,
+    // with the in-kernel L2 norm, ||q||^2 and ||k||^2; the norms and the scale are applied to the
+    // reduced values (q~ = scale q / ||q||, k^ = k / ||k||).
+    auto step = [&](auto l2_tag, int t) {
+      constexpr bool L2 = decltype(l2_tag)::value;
+      const std::int64_t tok = t0 + tb + t;
+      const std::int64_t obase = b * a.o_sb + tok * a.o_st + hv * a.o_sh;
+      const float* qt = qs + t * DK;
+      const float* kt = ks + t * DK;
+      const float* gt = gs + t * GW;
+      const float be = bs[t];
+      // Scalar gate: the decay is applied lazily (S'.x = a * (S.x)); per-key: S' first.
+      float dec = 1.f;
+      if constexpr (PERKEY) {
+        if constexpr (VFIRST) {
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const float4 g4 = reinterpret_cast<const float4*>(gt)[lane % LPC + LPC * m];
+            s[m].x *= g4.x;
+            s[m].y *= g4.y;
+            s[m].z *= g4.z;
+            s[m].w *= g4.w;
+          }
+        } else {
+#pragma unroll
+          for (int m4 = 0; m4 < M / 4; ++m4) {
+            const float4 g4 = reinterpret_cast<const float4*>(gt + (lane / CG) * M)[m4];
+            const float gg[4] = {g4.x, g4.y, g4.z, g4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[4 * m4 + e].x *= gg[e];
+              s[4 * m4 + e].y *= gg[e];
+              s[4 * m4 + e].z *= gg[e];
+              s[4 * m4 + e].w *= gg[e];
+            }
+          }
+        }
+      } else {
+        dec = gt[0];
+      }
+      if constexpr (VFIRST) {
+        // One value column per group of LPC lanes: pk = S.k, pq = S.q over Dk.
+        const float4* k4 = reinterpret_cast<const float4*>(kt);
+        const float4* q4 = reinterpret_cast<const float4*>(qt);
+        float pk = 0.f, pq = 0.f, kq = 0.f, nq = 0.f, nk = 0.f;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float4 kk = k4[lane % LPC + LPC * m], qq = q4[lane % LPC + LPC * m];
+          pk += s[m].x * kk.x + s[m].y * kk.y + s[m].z * kk.z + s[m].w * kk.w;
+          pq += s[m].x * qq.x + s[m].y * qq.y + s[m].z * qq.z + s[m].w * qq.w;
+          kq += kk.x * qq.x + kk.y * qq.y + kk.z * qq.z + kk.w * qq.w;
+          if constexpr (L2) {
+            nq += qq.x * qq.x + qq.y * qq.y + qq.z * qq.z + qq.w * qq.w;
+            nk += kk.x * kk.x + kk.y * kk.y + kk.z * kk.z + kk.w * kk.w;
+          }
+        }
+#pragma unroll
+        for (int off = 1; off < LPC; off <<= 1) {
+          pk += __shfl_xor_sync(0xffffffffu, pk, off);
+          pq += __shfl_xor_sync(0xffffffffu, pq, off);
+          kq += __shfl_xor_sync(0xffffffffu, kq, off);
+          if constexpr (L2) {
+            nq += __shfl_xor_sync(0xffffffffu, nq, off);
+            nk += __shfl_xor_sync(0xffffffffu, nk, off);
+          }
+        }
+        const float rk = L2 ? 1.f / sqrtf(nk + a.eps) : 1.f;
+        const float fq = a.scale * (L2 ? 1.f / sqrtf(nq + a.eps) : 1.f);
+        const int col = lane / LPC;
+        // u = beta (v - S'^T k^); o = S'^T q~ + u (k^ . q~); S = S' + k^ u^T
+        const float u = be * (vs[t * cb + warp * CW + col] - dec * pk * rk);
+        const float out = dec * pq * fq + u * (kq * rk * fq);
+        if (lane % LPC == 0) store_from_float(a.o, obase + colw + col, a.in_dtype, out);
+        const float ur = u * rk;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float4 kk = k4[lane % LPC + LPC * m];
+          s[m].x = fmaf(dec, s[m].x, kk.x * ur);
+          s[m].y = fmaf(dec, s[m].y, kk.y * ur);
+          s[m].z = fmaf(dec, s[m].z, kk.z * ur);
+          s[m].w = fmaf(dec, s[m].w, kk.w * ur);
+        }
+      } else {
+        // Four value columns per thread, rows rg*M .. rg*M + M-1; reduce over the RG groups.
+        const float4* k4 = reinterpret_cast<const float4*>(kt + (lane / CG) * M);
+        const float4* q4 = reinterpret_cast<const float4*>(qt + (lane / CG) * M);
+        float pk[4] = {0.f, 0.f, 0.f, 0.f}, pq[4] = {0.f, 0.f, 0.f, 0.f};
+        float kq = 0.f, nq = 0.f, nk = 0.f;
+#pragma unroll
+        for (int m4 = 0; m4 < M / 4; ++m4) {
+          const float4 k4v = k4[m4], q4v = q4[m4];
+          const float kk[4] = {k4v.x, k4v.y, k4v.z, k4v.w}, qq[4] = {q4v.x, q4v.y, q4v.z, q4v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float4 sv = s[4 * m4 + e];
+            pk[0] += sv.x * kk[e];
+            pk[1] += sv.y * kk[e];
+            pk[2] += sv.z * kk[e];
+            pk[3] += sv.w * kk[e];
+            pq[0] += sv.x * qq[e];
+            pq[1] += sv.y * qq[e];
+            pq[2] += sv.z * qq[e];
+            pq[3] += sv.w * qq[e];
+            kq += kk[e] * qq[e];
+            if constexpr (L2) {
+              nq += qq[e] * qq[e];
+              nk += kk[e] * kk[e];
+            }
+          }
+        }
+#pragma unroll
+        for (int off = CG; off < 32; off <<= 1) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            pk[e] += __shfl_xor_sync(0xffffffffu, pk[e], off);
+            pq[e] += __shfl_xor_sync(0xffffffffu, pq[e], off);
+          }
+          kq += __shfl_xor_sync(0xffffffffu, kq, off);
+          if constexpr (L2) {
+            nq += __shfl_xor_sync(0xffffffffu, nq, off);
+            nk += __shfl_xor_sync(0xffffffffu, nk, off);
+          }
+        }
+        const float rk = L2 ? 1.f / sqrtf(nk + a.eps) : 1.f;
+        const float fq = a.scale * (L2 ? 1.f / sqrtf(nq + a.eps) : 1.f);
+        const float kqn = kq * rk * fq;
+        const float4 v4 = reinterpret_cast<const float4*>(vs + t * cb + warp * CW)[lane % CG];
+        float u[4];  // u = beta (v - S'^T k^)
+        u[0] = be * (v4.x - dec * pk[0] * rk);
+        u[1] = be * (v4.y - dec * pk[1] * rk);
+        u[2] = be * (v4.z - dec * pk[2] * rk);
+        u[3] = be * (v4.w - dec * pk[3] * rk);
+        if (lane < CG) {  // o = S'^T q~ + u (k^ . q~)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype,
+                             dec * pq[e] * fq + u[e] * kqn);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) u[e] *= rk;
+#pragma unroll
+        for (int m4 = 0; m4 < M / 4; ++m4) {  // S = S' + k^ u^T
+          const float4 k4v = k4[m4];
+          const float kk[4] = {k4v.x, k4v.y, k4v.z, k4v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float4& sv = s[4 * m4 + e];
+            sv.x = fmaf(dec, sv.x, kk[e] * u[0]);
+            sv.y = fmaf(dec, sv.y, kk[e] * u[1]);
+            sv.z = fmaf(dec, sv.z, kk[e] * u[2]);
+            sv.w = fmaf(dec, sv.w, kk[e] * u[3]);
+          }
+        }
+      }
+    };
+#pragma unroll 1
+    for (int t = 0; t < cnt; ++t) {
+      if (ms[t] == 0.f) {  // masked: state unchanged, o_t = 0
+        const std::int64_t obase = b * a.o_sb + (t0 + tb + t) * a.o_st + hv * a.o_sh;
+        if constexpr (VFIRST) {
+          if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
+        } else {
+          if (lane < CG) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
+          }
+        }
+        continue;
+      }
+      if (a.qk_l2norm)
+        step(std::true_type{}, t);
+      else
+        step(std::false_type{}, t);
+    }
+  }
+
+  if (a.h_out) {
+    float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1;
+#pragma unroll
+    for (int m = 0; m < M; ++m) store4(base + offset(m, a.hout_s2), s[m], a.vec_out);
+  }
+}
+
+}  // namespace gdr::cuda::detail

@@ -1,0 +1,140 @@
+// Device mirrors of the host test tensors (tests/cpp/support.h) for the GPU tests: copy a host
+// view to the device with the same shape and strides, run gdr there, copy outputs back into
+// the host tensors so the host-side comparison helpers apply unchanged.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gdr/gdr.h"
+#include "support.h"
+
+namespace gdr::test {
+
+inline void cuda_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Bytes a strided view spans from its data pointer (0 for an empty tensor).
+inline std::size_t span_bytes(const TensorView& t) {
+  if (!t.defined()) return 0;
+  std::int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return 0;
+    last += (t.shape[i] - 1) * t.stride[i];
+  }
+  return static_cast<std::size_t>(last + 1) * dtype_size(t.dtype);
+}
+
+// Owns device copies of host views; each copy keeps the host view's shape and strides.
+class DeviceMirror {
+ public:
+  ~DeviceMirror() {
+    for (void* p : buffers_) cudaFree(p);
+  }
+  // Device copy of `host` (undefined stays undefined).
+  TensorView to_device(const TensorView& host) {
+    if (!host.defined()) return host;
+    TensorView d = host;
+    d.device = DeviceType::cuda;
+    d.device_index = 0;
+    const std::size_t bytes = span_bytes(host);
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, bytes > 0 ? bytes : 16), "cudaMalloc");
+    buffers_.push_back(p);
+    if (bytes > 0) cuda_check(cudaMemcpy(p, host.data, bytes, cudaMemcpyHostToDevice), "H2D");
+    d.data = p;
+    return d;
+  }
+  // Copies a device view back over the host view it mirrors.
+  static void to_host(const TensorView& dev, const TensorView& host) {
+    if (!dev.defined()) return;
+    const std::size_t bytes = span_bytes(host);
+    if (bytes > 0)
+      cuda_check(cudaMemcpy(host.data, dev.data, bytes, cudaMemcpyDeviceToHost), "D2H");
+  }
+
+ private:
+  std::vector<void*> buffers_;
+};
+
+// Runs gdr::forward on device copies of d's tensors (outputs poisoned first) and returns o and
+// the final state as doubles, like run_forward does on the host.
+inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr) {
+  d.o.poison();
+  if (d.final_state.defined()) d.final_state.poison();
+  ForwardParams host = d.forward_params();
+  DeviceMirror m;
+  ForwardParams p = host;
+  p.in.q = m.to_device(host.in.q);
+  p.in.k = m.to_device(host.in.k);
+  p.in.v = m.to_device(host.in.v);
+  p.in.g = m.to_device(host.in.g);
+  p.in.beta = m.to_device(host.in.beta);
+  p.in.A_log = m.to_device(host.in.A_log);
+  p.in.dt_bias = m.to_device(host.in.dt_bias);
+  p.in.h0 = m.to_device(host.in.h0);
+  p.in.mask = m.to_device(host.in.mask);
+  p.in.cu_seqlens = m.to_device(host.in.cu_seqlens);
+  p.o = m.to_device(host.o);
+  p.final_state = m.to_device(host.final_state);
+  ExecConfig cfg;
+  cfg.stream = stream;
+  forward(p, cfg);
+  cuda_check(cudaStreamSynchronize(stream), "forward");
+  DeviceMirror::to_host(p.o, host.o);
+  DeviceMirror::to_host(p.final_state, host.final_state);
+  ForwardResult r;
+  r.o = d.o.to_double();
+  if (d.final_state.defined()) r.final_state = d.final_state.to_double();
+  return r;
+}
+
+// Runs gdr::decode on device copies (o poisoned first); returns o and the whole pool after,
+// like run_decode. The pool's raw bytes after the step go to `pool_bytes` when given.
+inline ForwardResult run_decode_cuda(DecodeData& d, cudaStream_t stream = nullptr,
+                                     std::vector<unsigned char>* pool_bytes = nullptr) {
+  d.base.o.poison();
+  DecodeParams host = d.params();
+  DeviceMirror m;
+  DecodeParams p = host;
+  p.q = m.to_device(host.q);
+  p.k = m.to_device(host.k);
+  p.v = m.to_device(host.v);
+  p.g = m.to_device(host.g);
+  p.beta = m.to_device(host.beta);
+  p.A_log = m.to_device(host.A_log);
+  p.dt_bias = m.to_device(host.dt_bias);
+  p.mask = m.to_device(host.mask);
+  p.state = m.to_device(host.state);
+  p.state_indices = m.to_device(host.state_indices);
+  p.o = m.to_device(host.o);
+  ExecConfig cfg;
+  cfg.stream = stream;
+  decode(p, cfg);
+  cuda_check(cudaStreamSynchronize(stream), "decode");
+  DeviceMirror::to_host(p.o, host.o);
+  DeviceMirror::to_host(p.state, host.state);
+  if (pool_bytes) {
+    const auto* b = static_cast<const unsigned char*>(host.state.data);
+    pool_bytes->assign(b, b + span_bytes(host.state));
+  }
+  ForwardResult r;
+  r.o = d.base.o.to_double();
+  r.final_state = d.state.to_double();
+  return r;
+}
+
+inline bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+}  // namespace gdr::test

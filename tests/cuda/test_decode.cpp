@@ -1,0 +1,336 @@
+// GPU tests of the CUDA recurrent kernel (src/cuda/recurrent.cuh) through the public API:
+// gdr::decode (state pool in place) and gdr::forward on CUDA tensors (recurrent path), each
+// against the float64 CPU reference on the same (rounded) inputs, SPEC Section 7 bounds:
+// fp32 inputs < 1e-5, bf16/fp16 inputs < 5e-3, for o and the state. Outputs are poisoned
+// (NaN) before every call; fresh random inputs every run (the seed is in each message).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpu_support.h"
+
+namespace gdr::test {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+Case decode_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t Hv, std::int64_t D) {
+  Case c;
+  c.B = B;
+  c.T = T;
+  c.Hk = Hk;
+  c.Hv = Hv;
+  c.Dk = D;
+  c.Dv = D;
+  return c;
+}
+
+// One decode step on the GPU vs the reference; with indices, also checks bit for bit that
+// pool rows no sequence uses (and the skipped sequence's row) are untouched.
+void check_decode(const Case& c, std::int64_t P = 0, bool indices = false) {
+  DecodeData d = make_decode_problem(c, P, indices);
+  const std::string label = describe(d.base.c, d.base.seed) + (indices ? " pool" : "");
+  const std::vector<unsigned char> before(
+      static_cast<const unsigned char*>(d.state.data()),
+      static_cast<const unsigned char*>(d.state.data()) + span_bytes(d.state.view()));
+  const ForwardResult ref = decode_reference(d);
+  std::vector<unsigned char> after;
+  const ForwardResult got = run_decode_cuda(d, nullptr, &after);
+  expect_forward_close(got, ref, forward_tolerance(d.base.c), label);
+  if (indices) {
+    std::set<std::int64_t> used;
+    for (std::int64_t b = 0; b < c.B; ++b) {
+      const auto r = static_cast<std::int64_t>(d.state_indices.get(b));
+      if (r >= 0) used.insert(r);
+    }
+    const std::size_t row_bytes = before.size() / static_cast<std::size_t>(d.P);
+    for (std::int64_t r = 0; r < d.P; ++r) {
+      if (used.count(r)) continue;
+      EXPECT_EQ(0,
+                std::memcmp(before.data() + r * row_bytes, after.data() + r * row_bytes, row_bytes))
+          << label << ": pool row " << r << " is used by no sequence but changed";
+    }
+  }
+}
+
+void check_forward(const Case& c) {
+  TestData d = make_problem(c);
+  const std::string label = describe(d.c, d.seed);
+  const ForwardResult ref = run_forward(d, Path::reference);
+  const ForwardResult got = run_forward_cuda(d);
+  expect_forward_close(got, ref, forward_tolerance(d.c), label);
+}
+
+TEST(CudaDecode, TokensGatesLayoutsDtypes) {
+  REQUIRE_GPU();
+  for (std::int64_t T : {1, 2, 8, 16})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+      for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
+        for (DType dtype : {DType::f32, DType::bf16}) {
+          Case c = decode_case(3, T, 2, 4, 128);
+          c.gate = gate;
+          c.layout = layout;
+          c.dtype = dtype;
+          check_decode(c);
+        }
+}
+
+TEST(CudaDecode, HeadDims) {
+  REQUIRE_GPU();
+  for (std::int64_t Dk : {64, 128, 256})
+    for (std::int64_t Dv : {64, 128, 256})
+      for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
+        for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+          Case c = decode_case(2, 2, 1, 2, 64);
+          c.Dk = Dk;
+          c.Dv = Dv;
+          c.layout = layout;
+          c.gate = gate;
+          check_decode(c);
+        }
+}
+
+TEST(CudaDecode, GroupedHeads) {
+  REQUIRE_GPU();
+  for (auto [Hk, Hv] : {std::pair<int, int>{4, 4}, {2, 8}, {3, 12}, {1, 5}})
+    for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
+      Case c = decode_case(2, 3, Hk, Hv, 128);
+      c.layout = layout;
+      check_decode(c);
+    }
+}
+
+TEST(CudaDecode, DtypesAndGateDtypes) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (bool gates_in_dtype : {false, true}) {
+      Case c = decode_case(2, 4, 2, 4, 128);
+      c.dtype = dtype;
+      c.gates_in_dtype = gates_in_dtype;
+      c.gate = gates_in_dtype ? GateKind::per_key : GateKind::scalar;
+      check_decode(c);
+    }
+}
+
+TEST(CudaDecode, FusedOptions) {
+  REQUIRE_GPU();
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+    for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
+      for (int opts = 1; opts < 8; ++opts) {
+        Case c = decode_case(2, 3, 2, 4, 128);
+        c.gate = gate;
+        c.layout = layout;
+        c.gate_in_kernel = opts & 1;
+        c.beta_sigmoid = opts & 2;
+        c.qk_l2norm = opts & 4;
+        c.scale = (opts == 7) ? 0.3f : 0.0f;
+        check_decode(c);
+      }
+}
+
+TEST(CudaDecode, MaskDecayStrides) {
+  REQUIRE_GPU();
+  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme})
+    for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
+      Case c = decode_case(4, 8, 2, 4, 128);
+      c.mask = true;
+      c.decay = decay;
+      c.layout = layout;
+      c.strided = decay != Decay::mild;
+      check_decode(c);
+    }
+}
+
+TEST(CudaDecode, StatePool) {
+  REQUIRE_GPU();
+  for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
+    for (bool i64 : {false, true}) {
+      Case c = decode_case(5, 2, 2, 4, 128);
+      c.layout = layout;
+      c.cu_seqlens_i64 = i64;  // the index dtype
+      check_decode(c, 9, true);
+    }
+}
+
+TEST(CudaDecode, LargeBatch) {
+  REQUIRE_GPU();
+  // Enough (sequence, head) pairs that the launch uses 4-warp blocks.
+  for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
+    Case c = decode_case(48, 1, 4, 8, 128);
+    c.layout = layout;
+    c.dtype = DType::bf16;
+    check_decode(c);
+  }
+}
+
+// A pool whose rows are not 16-byte aligned takes the scalar path; results must not change.
+TEST(CudaDecode, MisalignedPool) {
+  REQUIRE_GPU();
+  for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
+    Case c = decode_case(2, 2, 1, 2, 64);
+    c.layout = layout;
+    DecodeData d = make_decode_problem(c);
+    const std::string label = describe(d.base.c, d.base.seed) + " misaligned";
+    const ForwardResult ref = decode_reference(d);
+    d.base.o.poison();
+    DecodeParams host = d.params();
+    DeviceMirror m;
+    DecodeParams p = host;
+    p.q = m.to_device(host.q);
+    p.k = m.to_device(host.k);
+    p.v = m.to_device(host.v);
+    p.g = m.to_device(host.g);
+    p.beta = m.to_device(host.beta);
+    p.o = m.to_device(host.o);
+    const std::size_t bytes = span_bytes(host.state);
+    float* raw = nullptr;
+    cuda_check(cudaMalloc(&raw, bytes + 16), "cudaMalloc");
+    cuda_check(cudaMemcpy(raw + 1, host.state.data, bytes, cudaMemcpyHostToDevice), "H2D");
+    p.state.data = raw + 1;
+    p.state.device = DeviceType::cuda;
+    decode(p);
+    cuda_check(cudaDeviceSynchronize(), "decode");
+    cuda_check(cudaMemcpy(host.state.data, raw + 1, bytes, cudaMemcpyDeviceToHost), "D2H");
+    cudaFree(raw);
+    DeviceMirror::to_host(p.o, host.o);
+    ForwardResult got;
+    got.o = d.base.o.to_double();
+    got.final_state = d.state.to_double();
+    expect_forward_close(got, ref, forward_tolerance(d.base.c), label);
+  }
+}
+
+// The launch is captured into a CUDA graph and replayed (the serving pattern); the kernel
+// runs on the caller's stream.
+TEST(CudaDecode, GraphReplayOnStream) {
+  REQUIRE_GPU();
+  Case c = decode_case(4, 1, 2, 4, 128);
+  c.dtype = DType::bf16;
+  DecodeData d = make_decode_problem(c);
+  const ForwardResult ref = decode_reference(d);
+  d.base.o.poison();
+  DecodeParams host = d.params();
+  DeviceMirror m;
+  DecodeParams p = host;
+  p.q = m.to_device(host.q);
+  p.k = m.to_device(host.k);
+  p.v = m.to_device(host.v);
+  p.g = m.to_device(host.g);
+  p.beta = m.to_device(host.beta);
+  p.state = m.to_device(host.state);
+  p.o = m.to_device(host.o);
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  ExecConfig cfg;
+  cfg.stream = stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  decode(p, cfg);
+  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cuda_check(cudaGraphLaunch(exec, stream), "launch");  // one step: the state moves once
+  cuda_check(cudaStreamSynchronize(stream), "sync");
+  DeviceMirror::to_host(p.o, host.o);
+  DeviceMirror::to_host(p.state, host.state);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  ForwardResult got;
+  got.o = d.base.o.to_double();
+  got.final_state = d.state.to_double();
+  expect_forward_close(got, ref, forward_tolerance(c), describe(c, d.base.seed) + " graph");
+}
+
+TEST(CudaDecode, UnsupportedHeadDim) {
+  REQUIRE_GPU();
+  Case c = decode_case(1, 1, 1, 1, 128);
+  c.Dk = 96;
+  DecodeData d = make_decode_problem(c);
+  try {
+    run_decode_cuda(d);
+    ADD_FAILURE() << "Dk = 96 was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Dk is 96"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("64, 128, 256"), std::string::npos) << msg;
+  }
+}
+
+// ---- gdr::forward on CUDA tensors: the same kernel over any T ----
+
+TEST(CudaRecurrentForward, LengthsGatesLayouts) {
+  REQUIRE_GPU();
+  for (std::int64_t T : {1, 63, 64, 65, 200, 1000})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+      Case c;
+      c.B = 2;
+      c.T = T;
+      c.Hk = 1;
+      c.Hv = 2;
+      c.Dk = c.Dv = 128;
+      c.gate = gate;
+      c.layout = T % 2 ? StateLayout::v_first : StateLayout::k_first;
+      c.h0 = T != 64;
+      c.decay = T == 1000 ? Decay::strong : Decay::mild;
+      check_forward(c);
+    }
+}
+
+TEST(CudaRecurrentForward, VarlenMaskGqaDtypes) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (bool i64 : {false, true}) {
+      Case c;
+      c.seqlens = {17, 0, 40, 1};
+      c.cu_seqlens_i64 = i64;
+      c.Hk = 1;
+      c.Hv = 4;
+      c.Dk = 64;
+      c.Dv = 128;
+      c.dtype = dtype;
+      c.mask = true;
+      c.gate = i64 ? GateKind::per_key : GateKind::scalar;
+      c.decay = Decay::extreme;
+      check_forward(c);
+    }
+}
+
+TEST(CudaRecurrentForward, NoFinalStateAndFusedOptions) {
+  REQUIRE_GPU();
+  for (int opts = 0; opts < 4; ++opts) {
+    Case c;
+    c.B = 3;
+    c.T = 37;
+    c.Hk = 2;
+    c.Hv = 4;
+    c.Dk = 256;
+    c.Dv = 64;
+    c.final_state = opts != 0;
+    c.h0 = opts != 1;
+    c.gate_in_kernel = opts >= 2;
+    c.beta_sigmoid = opts >= 2;
+    c.qk_l2norm = opts == 3;
+    c.gate = opts == 3 ? GateKind::per_key : GateKind::scalar;
+    check_forward(c);
+  }
+}
+
+TEST(CudaRecurrentForward, EmptyTokens) {
+  REQUIRE_GPU();
+  Case c;
+  c.B = 2;
+  c.T = 0;
+  c.Hk = 1;
+  c.Hv = 2;
+  c.Dk = c.Dv = 64;
+  check_forward(c);  // final state = h0
+}
+
+}  // namespace
+}  // namespace gdr::test
