@@ -1,0 +1,360 @@
+// Chunkwise backward (SPEC Section 4). Per work item (sequence, key head, value heads):
+//   1. state pass: the forward recurrence over the chunks, keeping the state entering every
+//      chunk ([R, ceil(L / C), Dk, Dv] fp32, the only O(T) memory);
+//   2. reverse pass carrying dS (dfinal_state or 0 at the end), per chunk and value head:
+//        recompute P, KKg, W, U, Vnew = U - W S
+//        dVnew = scale P^T dO + (d .* K) dS,      Y = Vnew dS^T
+//        r2 = [scale dO ; -dVnew],  [X1 ; dW] = r2 S^T,  dS <- gn .* dS + [e .* Q ; W]^T r2
+//        dVb = Tinv^T dVnew,  dKb = Tinv^T dW
+//        dA = -(dVb U^T + dKb W^T) .* strict_lower,  dP = scale (dO Vnew^T) .* lower
+//        dV = beta .* dVb,  dbeta = rowsum(dVb .* V + dKb .* e .* K + dA .* KKg)
+//        dQ += e .* X1,     dK += beta e .* dKb + d .* Y
+//        dG += e .* (X1 .* Q + beta .* dKb .* K) - d .* Y .* K,
+//        dG_n += sum_r d_r .* Y_r .* K_r + gn .* rowsum(S .* dS)
+//        pairwise terms of P (upstream dP) and KKg (upstream diag(beta) dA)
+//        dg = reverse cumsum of dG within the chunk
+//      (row dots over Dk for scalar gates, elementwise products for per-key gates).
+//   dh0 is the dS that leaves the first chunk. dQ, dK are summed over the value heads sharing
+//   the key head; when a group is split over several items their partial sums are added after.
+#include <omp.h>
+
+#include <exception>
+#include <memory>
+
+#include "cpu/canonical.h"
+#include "cpu/chunkwise_common.h"
+#include "cpu/paths.h"
+#include "gdr/error.h"
+
+namespace gdr::cpu {
+namespace {
+
+using chunkwise::i64;
+using chunkwise::MapMat;
+using chunkwise::WorkItem;
+using chunkwise::Workspace;
+
+// Where an item's outputs that need a reduction go.
+template <class Real>
+struct Sinks {
+  Real* key_partial = nullptr;  // [L, 2, Dk] dq_hat, dk_hat of this item (split groups only)
+  double* dA_log = nullptr;     // [Hv] this sequence's dA_log contributions (gate in kernel)
+  double* ddt_bias = nullptr;   // [Hv, Wg]
+};
+
+template <class Real, bool PerKey>
+void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkItem& it,
+                Workspace<Real>& w) {
+  const i64 Dk = prob.Dk, Dv = prob.Dv, L = it.seq.len, heads = it.hv1 - it.hv0;
+  const i64 chunks = (L + C - 1) / C;
+  for (i64 r = 0; r < heads; ++r)
+    load_state<Real>(prob, p.in.h0, p.opts, it.n, it.hv0 + r, w.S.data() + r * Dk * Dv);
+  for (i64 c = 0; c < chunks; ++c) {
+    const i64 c0 = c * C;
+    const int n = static_cast<int>(std::min<i64>(C, L - c0));
+    const SequenceSpan span{it.seq.b, it.seq.t0 + c0, n};
+    load_keys<Real>(prob, p.in, p.opts, span, it.hk, nullptr, w.k.data());
+    if constexpr (!PerKey)
+      w.kk.topLeftCorner(n, n).noalias() = w.k.topRows(n) * w.k.topRows(n).transpose();
+    for (i64 r = 0; r < heads; ++r) {
+      const i64 hv = it.hv0 + r;
+      MapMat<Real> S(w.S.data() + r * Dk * Dv, Dk, Dv);
+      MapMat<Real>(w.states.data() + (r * chunks + c) * Dk * Dv, Dk, Dv) = S;
+      load_values<Real>(prob, p.in, span, hv, w.v.data());
+      load_gates<Real>(prob, p.in, p.opts, span, hv, w.g.data(), w.beta.data());
+      chunkwise::prepare_gates<Real, PerKey>(w, n);
+      chunkwise::gated_products<Real, PerKey>(w, n, false);
+      chunkwise::solve_chunk<Real, PerKey>(w, n, false);
+      auto vnew = w.vnew.topRows(n);
+      vnew = w.u.topRows(n);
+      vnew.noalias() -= w.qw.middleRows(n, n) * S;
+      chunkwise::decay_state<Real, PerKey>(w, S);
+      S.noalias() += w.kd.topRows(n).transpose() * vnew;
+    }
+  }
+}
+
+// One chunk, one value head: dS (leaving the chunk) becomes dS entering it; adds to
+// w.dq_acc / w.dk_acc; leaves dV in w.dv, dg_log in w.g, dbeta in w.dbeta.
+template <class Real, bool PerKey>
+void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S,
+                    MapMat<Real>& dS) {
+  chunkwise::prepare_gates<Real, PerKey>(w, n);
+  chunkwise::gated_products<Real, PerKey>(w, n, true);
+  chunkwise::solve_chunk<Real, PerKey>(w, n, true);
+  auto Q = w.q.topRows(n);
+  auto K = w.k.topRows(n);
+  auto V = w.v.topRows(n);
+  auto beta = w.beta.head(n);
+  auto W = w.qw.middleRows(n, n);
+  auto U = w.u.topRows(n);
+  auto P = w.P.topLeftCorner(n, n);
+  auto vnew = w.vnew.topRows(n);
+  vnew = U;
+  vnew.noalias() -= W * S;
+
+  // dVnew = scale P^T dO + (d .* K) dS;  Y = Vnew dS^T.
+  auto dvb = w.dvb.topRows(n);
+  auto r2 = w.r2.topRows(2 * n);
+  r2.topRows(n) = scale * w.dout.topRows(n);
+  dvb.noalias() = w.kd.topRows(n) * dS;
+  dvb.noalias() += P.transpose() * r2.topRows(n);
+  auto y = w.y.topRows(n);
+  y.noalias() = vnew * dS.transpose();
+  // exp(G_n) <S, dS> (per channel for per-key gates), before dS moves on.
+  auto gate_n = w.gate_n.row(0);
+  if constexpr (!PerKey) {
+    gate_n(0) = w.gn(0) * S.cwiseProduct(dS).sum();
+  } else {
+    gate_n = (w.gn.array() * S.cwiseProduct(dS).rowwise().sum().array()).transpose();
+  }
+  r2.bottomRows(n) = -dvb;
+  auto x = w.x.topRows(2 * n);
+  x.noalias() = r2 * S.transpose();
+  chunkwise::decay_state<Real, PerKey>(w, dS);
+  dS.noalias() += w.qw.topRows(2 * n).transpose() * r2;
+
+  // dVb = Tinv^T dVnew = -Tinv^T r2_bottom,  dKb = Tinv^T dW.
+  auto Tit = w.Tinv.topLeftCorner(n, n).transpose();
+  auto dkb = w.dkb.topRows(n);
+  auto x1 = x.topRows(n);
+  dvb.noalias() = Real(-1) * Tit * r2.bottomRows(n);
+  dkb.noalias() = Tit * x.bottomRows(n);
+
+  auto dA = w.dA.topLeftCorner(n, n);
+  dA.noalias() = dvb * U.transpose();  // negated below
+  dA.noalias() += dkb * W.transpose();
+  auto dP = w.dP.topLeftCorner(n, n);
+  dP.noalias() = r2.topRows(n) * vnew.transpose();
+  for (int r = 0; r < n; ++r) {
+    dA.row(r).head(r) = -dA.row(r).head(r);
+    dA.row(r).tail(n - r).setZero();
+    dP.row(r).tail(n - r - 1).setZero();
+  }
+
+  w.dv.topRows(n).noalias() = beta.asDiagonal() * dvb;
+  auto dbeta = w.dbeta.head(n);
+  dbeta = dvb.cwiseProduct(V).rowwise().sum() +
+          dA.cwiseProduct(w.KKg.topLeftCorner(n, n)).rowwise().sum();
+  auto dG = w.dG.topRows(n);
+  auto dq = w.dq_acc.topRows(n);
+  auto dk = w.dk_acc.topRows(n);
+  if constexpr (!PerKey) {
+    auto e = w.e.col(0).head(n);
+    auto d = w.d.col(0).head(n);
+    auto dkb_k = w.t1.head(n);
+    auto y_k = w.t2.head(n);
+    dkb_k = dkb.cwiseProduct(K).rowwise().sum();
+    y_k = y.cwiseProduct(K).rowwise().sum();
+    dbeta += e.cwiseProduct(dkb_k);
+    dG.col(0) = e.cwiseProduct(x1.cwiseProduct(Q).rowwise().sum() + beta.cwiseProduct(dkb_k)) -
+                d.cwiseProduct(y_k);
+    dG(n - 1, 0) += d.dot(y_k) + gate_n(0);
+    dq.noalias() += e.asDiagonal() * x1;
+    dk.noalias() += beta.cwiseProduct(e).asDiagonal() * dkb;
+    dk.noalias() += d.asDiagonal() * y;
+  } else {
+    auto e = w.e.topRows(n);
+    auto d = w.d.topRows(n);
+    // Scratch (w.yc, w.dxk are free until pairwise_backward).
+    auto edk = w.yc.topRows(n);  // e .* dKb
+    auto dy = w.dxk.topRows(n);  // d .* Y
+    edk = e.cwiseProduct(dkb);
+    dy = d.cwiseProduct(y);
+    dbeta += edk.cwiseProduct(K).rowwise().sum();
+    dG = e.cwiseProduct(x1.cwiseProduct(Q)) + beta.asDiagonal() * edk.cwiseProduct(K) -
+         dy.cwiseProduct(K);
+    dG.row(n - 1) += dy.cwiseProduct(K).colwise().sum() + gate_n;
+    dq += e.cwiseProduct(x1);
+    dk.noalias() += beta.asDiagonal() * edk;
+    dk += dy;
+  }
+  // Pairwise terms: upstream dP for P, diag(beta) dA for KKg.
+  dA = beta.asDiagonal() * dA;
+  chunkwise::pairwise_backward<Real, PerKey>(w, n);
+  dq += w.dxq.topRows(n);
+  dk += w.dxk.topRows(n) + w.dyk.topRows(n);
+  // dg = reverse cumsum of dG.
+  auto dg = w.g.topRows(n);
+  for (int i = 0; i < w.Wg; ++i) {
+    double acc = 0.0;
+    for (int r = n - 1; r >= 0; --r) {
+      acc += static_cast<double>(dG(r, i));
+      dg(r, i) = static_cast<Real>(acc);
+    }
+  }
+}
+
+template <class Real, bool PerKey>
+void backward_item(const Problem& prob, const BackwardParams& p, int C, const WorkItem& it,
+                   Workspace<Real>& w, const Sinks<Real>& sinks) {
+  const i64 Dk = prob.Dk, Dv = prob.Dv, L = it.seq.len, heads = it.hv1 - it.hv0;
+  const i64 chunks = (L + C - 1) / C;
+  const std::size_t need = static_cast<std::size_t>(heads * chunks * Dk * Dv);
+  if (w.states.size() < need) w.states.resize(need);
+  state_pass<Real, PerKey>(prob, p, C, it, w);
+
+  const Real scale = static_cast<Real>(prob.scale);
+  for (i64 r = 0; r < heads; ++r)
+    load_state<Real>(prob, p.dfinal_state, p.opts, it.n, it.hv0 + r, w.dS.data() + r * Dk * Dv);
+  for (i64 c = chunks - 1; c >= 0; --c) {
+    const i64 c0 = c * C;
+    const int n = static_cast<int>(std::min<i64>(C, L - c0));
+    const SequenceSpan span{it.seq.b, it.seq.t0 + c0, n};
+    load_keys<Real>(prob, p.in, p.opts, span, it.hk, w.q.data(), w.k.data());
+    if constexpr (!PerKey) {
+      w.qk.topLeftCorner(n, n).noalias() = w.q.topRows(n) * w.k.topRows(n).transpose();
+      w.kk.topLeftCorner(n, n).noalias() = w.k.topRows(n) * w.k.topRows(n).transpose();
+    }
+    w.dq_acc.topRows(n).setZero();
+    w.dk_acc.topRows(n).setZero();
+    for (i64 r = 0; r < heads; ++r) {
+      const i64 hv = it.hv0 + r;
+      const MapMat<Real> S(w.states.data() + (r * chunks + c) * Dk * Dv, Dk, Dv);
+      MapMat<Real> dS(w.dS.data() + r * Dk * Dv, Dk, Dv);
+      load_values<Real>(prob, p.in, span, hv, w.v.data());
+      load_gates<Real>(prob, p.in, p.opts, span, hv, w.g.data(), w.beta.data());
+      load_dout<Real>(prob, p.in, span, hv, p.dout, w.dout.data());
+      chunk_backward<Real, PerKey>(w, n, scale, S, dS);
+      store_value_grads<Real>(prob, p.in, span, hv, w.dv.data(), p.dv);
+      double* part_a = nullptr;
+      double* part_dt = nullptr;
+      if (sinks.dA_log) {
+        std::fill(w.gate_part.begin(), w.gate_part.end(), 0.0);
+        part_a = w.gate_part.data();
+        part_dt = w.gate_part.data() + 1;
+      }
+      store_gate_grads<Real>(prob, p.in, p.opts, span, hv, w.g.data(), w.dbeta.data(), p.dg,
+                             p.dbeta, part_a, part_dt);
+      if (sinks.dA_log) {
+        sinks.dA_log[hv] += w.gate_part[0];
+        for (int i = 0; i < w.Wg; ++i) sinks.ddt_bias[hv * w.Wg + i] += w.gate_part[1 + i];
+      }
+    }
+    if (sinks.key_partial) {
+      MapMat<Real> part(sinks.key_partial + c0 * 2 * Dk, n, 2 * Dk);
+      part.leftCols(Dk) = w.dq_acc.topRows(n);
+      part.rightCols(Dk) = w.dk_acc.topRows(n);
+    } else {
+      store_key_grads<Real>(prob, p.in, p.opts, span, it.hk, w.dq_acc.data(), w.dk_acc.data(), p.dq,
+                            p.dk);
+    }
+  }
+  if (p.dh0.defined())
+    for (i64 r = 0; r < heads; ++r)
+      store_state<Real>(prob, p.opts, it.n, it.hv0 + r, w.dS.data() + r * Dk * Dv, p.dh0);
+}
+
+template <class Real, bool PerKey>
+void backward_all(const Problem& prob, const BackwardParams& p, const ExecConfig& config) {
+  const chunkwise::Plan plan = chunkwise::make_plan(prob, p.in, config);
+  const i64 heads = prob.group() / plan.splits;
+  const i64 count = static_cast<i64>(plan.items.size());
+  const i64 Wg = PerKey ? prob.Dk : 1;
+  const bool gate_params = p.opts.gate_in_kernel && (p.dA_log.defined() || p.ddt_bias.defined());
+  // Per sequence: dA_log [Hv] and ddt_bias [Hv, Wg] contributions, summed in order below.
+  std::vector<double> dA_parts, ddt_parts;
+  if (gate_params) {
+    dA_parts.assign(static_cast<std::size_t>(prob.N * prob.Hv), 0.0);
+    ddt_parts.assign(static_cast<std::size_t>(prob.N * prob.Hv * Wg), 0.0);
+  }
+  // Split groups: [N, Hk, splits] partial (dq_hat, dk_hat) of [L, 2, Dk] each.
+  std::vector<i64> key_offset;
+  std::vector<Real> key_parts;
+  if (plan.splits > 1) {
+    key_offset.assign(static_cast<std::size_t>(prob.N * prob.Hk * plan.splits + 1), 0);
+    for (const WorkItem& it : plan.items)
+      key_offset[(it.n * prob.Hk + it.hk) * plan.splits + it.split + 1] = it.seq.len * 2 * prob.Dk;
+    for (std::size_t i = 1; i < key_offset.size(); ++i) key_offset[i] += key_offset[i - 1];
+    key_parts.resize(static_cast<std::size_t>(key_offset.back()));
+  }
+  std::exception_ptr error;
+#pragma omp parallel num_threads(plan.threads)
+  {
+    std::unique_ptr<Workspace<Real>> w;
+    try {
+      w = std::make_unique<Workspace<Real>>(config.chunk_size, prob.Dk, prob.Dv, PerKey, heads,
+                                            true);
+    } catch (...) {
+#pragma omp critical(gdr_chunkwise_error)
+      if (!error) error = std::current_exception();
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (i64 i = 0; i < count; ++i) {
+      if (!w) continue;
+      const WorkItem& it = plan.items[i];
+      Sinks<Real> sinks;
+      if (gate_params) {
+        sinks.dA_log = dA_parts.data() + it.n * prob.Hv;
+        sinks.ddt_bias = ddt_parts.data() + it.n * prob.Hv * Wg;
+      }
+      if (plan.splits > 1)
+        sinks.key_partial =
+            key_parts.data() + key_offset[(it.n * prob.Hk + it.hk) * plan.splits + it.split];
+      try {
+        backward_item<Real, PerKey>(prob, p, config.chunk_size, it, *w, sinks);
+      } catch (...) {
+#pragma omp critical(gdr_chunkwise_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+
+  if (plan.splits > 1) {
+    const i64 pairs = prob.N * prob.Hk;
+    std::vector<std::vector<Real>> scratch(static_cast<std::size_t>(plan.threads));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan.threads)
+    for (i64 pr = 0; pr < pairs; ++pr) {
+      try {
+        const i64 n = pr / prob.Hk, hk = pr % prob.Hk;
+        const SequenceSpan seq = sequence_span(prob, p.in, n);
+        const i64 L = seq.len, Dk = prob.Dk;
+        if (L == 0) continue;
+        Real* base = key_parts.data() + key_offset[pr * plan.splits];
+        MapMat<Real> sum(base, L, 2 * Dk);
+        for (i64 s = 1; s < plan.splits; ++s)
+          sum += MapMat<Real>(key_parts.data() + key_offset[pr * plan.splits + s], L, 2 * Dk);
+        std::vector<Real>& buf = scratch[static_cast<std::size_t>(omp_get_thread_num())];
+        buf.resize(static_cast<std::size_t>(2 * L * Dk));
+        MapMat<Real>(buf.data(), L, Dk) = sum.leftCols(Dk);
+        MapMat<Real>(buf.data() + L * Dk, L, Dk) = sum.rightCols(Dk);
+        store_key_grads<Real>(prob, p.in, p.opts, seq, hk, buf.data(), buf.data() + L * Dk, p.dq,
+                              p.dk);
+      } catch (...) {
+#pragma omp critical(gdr_chunkwise_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
+  if (gate_params) {
+    std::vector<double> dA_sum(static_cast<std::size_t>(prob.Hv), 0.0);
+    std::vector<double> ddt_sum(static_cast<std::size_t>(prob.Hv * Wg), 0.0);
+    for (i64 n = 0; n < prob.N; ++n) {
+      for (i64 h = 0; h < prob.Hv; ++h) dA_sum[h] += dA_parts[n * prob.Hv + h];
+      for (i64 i = 0; i < prob.Hv * Wg; ++i) ddt_sum[i] += ddt_parts[n * prob.Hv * Wg + i];
+    }
+    store_gate_param_grads(prob, dA_sum.data(), ddt_sum.data(), p.dA_log, p.ddt_bias);
+  }
+}
+
+template <class Real>
+void backward_real(const Problem& prob, const BackwardParams& p, const ExecConfig& config) {
+  if (prob.gate == GateKind::per_key)
+    backward_all<Real, true>(prob, p, config);
+  else
+    backward_all<Real, false>(prob, p, config);
+}
+
+}  // namespace
+
+void chunkwise_backward(const Problem& prob, const BackwardParams& p, const ExecConfig& config) {
+  if (prob.dtype == DType::f64)
+    backward_real<double>(prob, p, config);
+  else
+    backward_real<float>(prob, p, config);
+}
+
+}  // namespace gdr::cpu

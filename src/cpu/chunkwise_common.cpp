@@ -1,0 +1,327 @@
+// Per-chunk algebra of the chunkwise form shared by its forward and backward; the math is in
+// chunkwise_common.h.
+#include "cpu/chunkwise_common.h"
+
+#include <omp.h>
+
+namespace gdr::cpu::chunkwise {
+
+Plan make_plan(const Problem& prob, const Inputs& in, const ExecConfig& config) {
+  Plan plan;
+  const i64 group = prob.group();
+  const i64 pairs = prob.N * prob.Hk;
+  const int max_threads = config.num_threads > 0 ? config.num_threads : omp_get_max_threads();
+  // Smallest divisor of the group that gives every thread an item.
+  while (pairs * plan.splits < max_threads && plan.splits < group) {
+    i64 s = plan.splits + 1;
+    while (group % s != 0) ++s;
+    plan.splits = s;
+  }
+  const i64 per = group / plan.splits;
+  std::vector<SequenceSpan> spans(static_cast<std::size_t>(prob.N));
+  for (i64 n = 0; n < prob.N; ++n) spans[n] = sequence_span(prob, in, n);
+  for (i64 n = 0; n < prob.N; ++n)
+    for (i64 hk = 0; hk < prob.Hk; ++hk)
+      for (i64 s = 0; s < plan.splits; ++s) {
+        WorkItem it;
+        it.n = n;
+        it.hk = hk;
+        it.split = s;
+        it.hv0 = hk * group + s * per;
+        it.hv1 = it.hv0 + per;
+        it.seq = spans[n];
+        plan.items.push_back(it);
+      }
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.seq.len > b.seq.len; });
+  plan.threads = static_cast<int>(
+      std::max<i64>(1, std::min<i64>(max_threads, static_cast<i64>(plan.items.size()))));
+  return plan;
+}
+
+template <class Real>
+Workspace<Real>::Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, i64 heads,
+                           bool backward)
+    : C(chunk),
+      Dk(static_cast<int>(key_dim)),
+      Dv(static_cast<int>(value_dim)),
+      Wg(per_key ? static_cast<int>(key_dim) : 1) {
+  q.resize(C, Dk);
+  k.resize(C, Dk);
+  v.resize(C, Dv);
+  o.resize(C, Dv);
+  g.resize(C, Wg);
+  beta.resize(C);
+  G.resize(C, Wg);
+  e.resize(C, Wg);
+  d.resize(C, Wg);
+  gn.resize(Wg);
+  if (per_key) {
+    const int blocks = (C + kPkBlock - 1) / kPkBlock;
+    rf.resize(C, Dk);
+    cf.resize(std::max(1, kPkBlock * blocks * (blocks - 1) / 2), Dk);
+    ediag.resize(C * (kPkBlock + 1) / 2, Dk);
+    ediag_k.resize(kPkBlock, Dk);
+    xq.resize(C, Dk);
+    xk.resize(C, Dk);
+    yc.resize(C, Dk);
+  } else {
+    qk.resize(C, C);
+    kk.resize(C, C);
+    gam.resize(C, C);
+  }
+  P.resize(C, C);
+  KKg.resize(C, C);
+  A.resize(C, C);
+  Tinv.resize(C, C);
+  kb.resize(C, Dk);
+  vb.resize(C, Dv);
+  qw.resize(2 * C, Dk);
+  kd.resize(C, Dk);
+  u.resize(C, Dv);
+  vnew.resize(C, Dv);
+  qws.resize(2 * C, Dv);
+  S.resize(static_cast<std::size_t>(heads * key_dim * value_dim));
+  if (backward) {
+    dout.resize(C, Dv);
+    dv.resize(C, Dv);
+    dbeta.resize(C);
+    r2.resize(2 * C, Dv);
+    x.resize(2 * C, Dk);
+    dvb.resize(C, Dv);
+    dkb.resize(C, Dk);
+    y.resize(C, Dk);
+    dA.resize(C, C);
+    dP.resize(C, C);
+    dxq.resize(C, Dk);
+    dxk.resize(C, Dk);
+    dyk.resize(C, Dk);
+    dG.resize(C, Wg);
+    dq_acc.resize(C, Dk);
+    dk_acc.resize(C, Dk);
+    dS.resize(S.size());
+    gate_part.resize(static_cast<std::size_t>(1 + Wg));
+    gate_n.resize(1, Wg);
+    t1.resize(C);
+    t2.resize(C);
+  }
+}
+
+namespace {
+
+// out[i] = Real(a[i] - b[i]), i < len: exponent differences formed in double, rounded once
+// (a plain loop the compiler vectorises; exp then runs on Real packets).
+template <class Real>
+inline void diff_row(const double* __restrict a, const double* __restrict b, int len,
+                     Real* __restrict out) {
+  for (int i = 0; i < len; ++i) out[i] = static_cast<Real>(a[i] - b[i]);
+}
+
+}  // namespace
+
+template <class Real, bool PerKey>
+void prepare_gates(Workspace<Real>& w, int n) {
+  const int Wg = w.Wg;
+  // G = cumsum(g) in double: differences G_r - G_j stay exact to fp32 however long the decay.
+  w.G.row(0) = w.g.row(0).template cast<double>();
+  for (int r = 1; r < n; ++r) w.G.row(r) = w.G.row(r - 1) + w.g.row(r).template cast<double>();
+  const double* G = w.G.data();  // row r at G + r * Wg
+  for (int r = 0; r < n; ++r) {
+    Real* e = w.e.data() + r * Wg;
+    for (int i = 0; i < Wg; ++i) e[i] = static_cast<Real>(G[r * Wg + i]);
+    diff_row(G + (n - 1) * Wg, G + r * Wg, Wg, w.d.data() + r * Wg);  // G_n - G_r
+  }
+  w.e.topRows(n) = w.e.topRows(n).array().exp();
+  w.d.topRows(n) = w.d.topRows(n).array().exp();
+  w.gn = w.e.row(n - 1).transpose();
+  if constexpr (!PerKey) {
+    // Gam[r, j] = exp(G_r - G_j), r >= j; 0 above the diagonal.
+    for (int r = 0; r < n; ++r) {
+      Real* row = w.gam.data() + static_cast<std::ptrdiff_t>(r) * w.gam.cols();
+      for (int j = 0; j <= r; ++j) row[j] = static_cast<Real>(G[r] - G[j]);
+      w.gam.row(r).head(r + 1) = w.gam.row(r).head(r + 1).array().exp();
+      w.gam.row(r).segment(r + 1, n - r - 1).setZero();
+    }
+  } else {
+    // rf[r] = exp(G_r - G_r0) for r in the block [r0, r1); cf (block-major) holds
+    // exp(G_r0 - G_j) for j < r0, block after block.
+    const int Dk = w.Dk;
+    int cf_row = 0;
+    for (int r0 = 0; r0 < n; r0 += kPkBlock) {
+      const int r1 = std::min(n, r0 + kPkBlock);
+      for (int r = r0; r < r1; ++r) diff_row(G + r * Dk, G + r0 * Dk, Dk, w.rf.data() + r * Dk);
+      auto rf = w.rf.middleRows(r0, r1 - r0);
+      rf = rf.array().exp();
+      if (r0 > 0) {
+        for (int j = 0; j < r0; ++j)
+          diff_row(G + r0 * Dk, G + j * Dk, Dk, w.cf.data() + (cf_row + j) * Dk);
+        auto cf = w.cf.middleRows(cf_row, r0);
+        cf = cf.array().exp();
+        cf_row += r0;
+      }
+    }
+  }
+}
+
+template <class Real, bool PerKey>
+void gated_products(Workspace<Real>& w, int n, bool with_q) {
+  auto P = w.P.topLeftCorner(n, n);
+  auto KKg = w.KKg.topLeftCorner(n, n);
+  if constexpr (!PerKey) {
+    auto gam = w.gam.topLeftCorner(n, n);
+    if (with_q) P = gam.cwiseProduct(w.qk.topLeftCorner(n, n));
+    KKg = gam.cwiseProduct(w.kk.topLeftCorner(n, n));
+  } else {
+    auto Q = w.q.topRows(n);
+    auto K = w.k.topRows(n);
+    if (with_q) P.setZero();
+    KKg.setZero();
+    if (with_q) w.xq.topRows(n) = Q.cwiseProduct(w.rf.topRows(n));
+    w.xk.topRows(n) = K.cwiseProduct(w.rf.topRows(n));
+    int cf_row = 0, ediag_row = 0;
+    for (int r0 = 0; r0 < n; r0 += kPkBlock) {
+      const int m = std::min(n, r0 + kPkBlock) - r0;
+      if (r0 > 0) {
+        // Columns j < r0 through the reference row r0: (X .* rf)(K .* cf)^T.
+        auto yc = w.yc.topRows(r0);
+        yc = K.topRows(r0).cwiseProduct(w.cf.middleRows(cf_row, r0));
+        cf_row += r0;
+        if (with_q) P.block(r0, 0, m, r0).noalias() = w.xq.middleRows(r0, m) * yc.transpose();
+        KKg.block(r0, 0, m, r0).noalias() = w.xk.middleRows(r0, m) * yc.transpose();
+      }
+      // Diagonal block, elementwise ratios exp(G_r - G_j), r0 <= j <= r (kept in w.ediag for
+      // pairwise_backward).
+      for (int r = r0; r < r0 + m; ++r) {
+        const int len = r - r0 + 1;
+        auto E = w.ediag.middleRows(ediag_row, len);
+        for (int j = 0; j < len; ++j)
+          diff_row(w.G.data() + r * w.Dk, w.G.data() + (r0 + j) * w.Dk, w.Dk,
+                   w.ediag.data() + (ediag_row + j) * w.Dk);
+        ediag_row += len;
+        E = E.array().exp();
+        auto EK = w.ediag_k.topRows(len);
+        EK = E.cwiseProduct(K.middleRows(r0, len));
+        if (with_q) P.row(r).segment(r0, len).noalias() = Q.row(r) * EK.transpose();
+        KKg.row(r).segment(r0, len).noalias() = K.row(r) * EK.transpose();
+      }
+    }
+  }
+}
+
+template <class Real, bool PerKey>
+void solve_chunk(Workspace<Real>& w, int n, bool with_q) {
+  auto K = w.k.topRows(n);
+  auto beta = w.beta.head(n);
+  auto A = w.A.topLeftCorner(n, n);
+  A.noalias() = beta.asDiagonal() * w.KKg.topLeftCorner(n, n);
+  // Tinv = (I + A)^{-1}, A strictly lower, by forward substitution row by row:
+  //   Tinv[r, :r] = -A[r, :r] Tinv[:r, :r],  Tinv[r, r] = 1.
+  auto Ti = w.Tinv.topLeftCorner(n, n);
+  for (int r = 0; r < n; ++r) {
+    if (r > 0) Ti.row(r).head(r).noalias() = Real(-1) * A.row(r).head(r) * Ti.topLeftCorner(r, r);
+    Ti(r, r) = Real(1);
+    Ti.row(r).tail(n - r - 1).setZero();
+  }
+  auto kb = w.kb.topRows(n);
+  if constexpr (!PerKey) {
+    auto e = w.e.col(0).head(n);
+    if (with_q) w.qw.topRows(n).noalias() = e.asDiagonal() * w.q.topRows(n);
+    kb.noalias() = (beta.cwiseProduct(e)).asDiagonal() * K;
+    w.kd.topRows(n).noalias() = w.d.col(0).head(n).asDiagonal() * K;
+  } else {
+    if (with_q) w.qw.topRows(n) = w.q.topRows(n).cwiseProduct(w.e.topRows(n));
+    kb.noalias() = beta.asDiagonal() * K.cwiseProduct(w.e.topRows(n));
+    w.kd.topRows(n) = K.cwiseProduct(w.d.topRows(n));
+  }
+  w.vb.topRows(n).noalias() = beta.asDiagonal() * w.v.topRows(n);
+  w.qw.middleRows(n, n).noalias() = Ti * kb;        // W = Tinv diag(beta e) K
+  w.u.topRows(n).noalias() = Ti * w.vb.topRows(n);  // U = Tinv diag(beta) V
+}
+
+template <class Real, bool PerKey>
+void pairwise_backward(Workspace<Real>& w, int n) {
+  auto Q = w.q.topRows(n);
+  auto K = w.k.topRows(n);
+  auto dMq = w.dP.topLeftCorner(n, n);
+  auto dMk = w.dA.topLeftCorner(n, n);
+  auto dxq = w.dxq.topRows(n);
+  auto dxk = w.dxk.topRows(n);
+  auto dyk = w.dyk.topRows(n);
+  if constexpr (!PerKey) {
+    // N = dM .* Gam:  dX = N Y,  dY = N^T X.
+    auto gam = w.gam.topLeftCorner(n, n);
+    dMq = dMq.cwiseProduct(gam);
+    dMk = dMk.cwiseProduct(gam);
+    dxq.noalias() = dMq * K;
+    dxk.noalias() = dMk * K;
+    dyk.noalias() = dMq.transpose() * Q;
+    dyk.noalias() += dMk.transpose() * K;
+    w.dG.col(0).head(n) +=
+        Q.cwiseProduct(dxq).rowwise().sum() + K.cwiseProduct(dxk - dyk).rowwise().sum();
+  } else {
+    dxq.setZero();
+    dxk.setZero();
+    dyk.setZero();
+    int cf_row = 0;
+    for (int r0 = 0; r0 < n; r0 += kPkBlock) {
+      const int m = std::min(n, r0 + kPkBlock) - r0;
+      if (r0 == 0) continue;
+      auto cf = w.cf.middleRows(cf_row, r0);
+      cf_row += r0;
+      auto yc = w.yc.topRows(r0);
+      yc = K.topRows(r0).cwiseProduct(cf);
+      dxq.middleRows(r0, m).noalias() = dMq.block(r0, 0, m, r0) * yc;
+      dxk.middleRows(r0, m).noalias() = dMk.block(r0, 0, m, r0) * yc;
+      // dY[j] += cf_j .* (sum_r dM[r, j] X_r .* rf_r), r in the block.
+      yc.noalias() = dMq.block(r0, 0, m, r0).transpose() * w.xq.middleRows(r0, m);
+      yc.noalias() += dMk.block(r0, 0, m, r0).transpose() * w.xk.middleRows(r0, m);
+      dyk.topRows(r0) += yc.cwiseProduct(cf);
+    }
+    dxq = dxq.cwiseProduct(w.rf.topRows(n));
+    dxk = dxk.cwiseProduct(w.rf.topRows(n));
+    int ediag_row = 0;
+    for (int r0 = 0; r0 < n; r0 += kPkBlock) {
+      const int m = std::min(n, r0 + kPkBlock) - r0;
+      for (int r = r0; r < r0 + m; ++r) {
+        const int len = r - r0 + 1;
+        auto E = w.ediag.middleRows(ediag_row, len);  // exp(G_r - G_j), from gated_products
+        ediag_row += len;
+        // dX_r += sum_j dM[r, j] E_j .* K_j;  dY_j += E_j .* (dMq[r, j] Q_r + dMk[r, j] K_r).
+        auto EK = w.ediag_k.topRows(len);
+        EK = E.cwiseProduct(K.middleRows(r0, len));
+        dxq.row(r).noalias() += dMq.row(r).segment(r0, len) * EK;
+        dxk.row(r).noalias() += dMk.row(r).segment(r0, len) * EK;
+        for (int j = 0; j < len; ++j)
+          dyk.row(r0 + j).array() +=
+              E.row(j).array() * (dMq(r, r0 + j) * Q.row(r) + dMk(r, r0 + j) * K.row(r)).array();
+      }
+    }
+    w.dG.topRows(n) += Q.cwiseProduct(dxq) + K.cwiseProduct(dxk - dyk);
+  }
+}
+
+template <class Real, bool PerKey>
+void decay_state(const Workspace<Real>& w, MapMat<Real>& S) {
+  if constexpr (!PerKey) {
+    S *= w.gn(0);
+  } else {
+    S = w.gn.asDiagonal() * S;
+  }
+}
+
+template struct Workspace<float>;
+template struct Workspace<double>;
+
+#define GDR_CHUNKWISE_INSTANTIATE(Real, PerKey)                            \
+  template void prepare_gates<Real, PerKey>(Workspace<Real>&, int);        \
+  template void gated_products<Real, PerKey>(Workspace<Real>&, int, bool); \
+  template void solve_chunk<Real, PerKey>(Workspace<Real>&, int, bool);    \
+  template void pairwise_backward<Real, PerKey>(Workspace<Real>&, int);    \
+  template void decay_state<Real, PerKey>(const Workspace<Real>&, MapMat<Real>&);
+GDR_CHUNKWISE_INSTANTIATE(float, false)
+GDR_CHUNKWISE_INSTANTIATE(float, true)
+GDR_CHUNKWISE_INSTANTIATE(double, false)
+GDR_CHUNKWISE_INSTANTIATE(double, true)
+#undef GDR_CHUNKWISE_INSTANTIATE
+
+}  // namespace gdr::cpu::chunkwise

@@ -1,0 +1,137 @@
+// Chunkwise form of the gated delta rule (SPEC Section 3): the per-chunk algebra shared by the
+// forward (chunkwise_forward.cpp) and the backward (chunkwise_backward.cpp).
+//
+// One work item is (sequence n, key head hk, value heads [hv0, hv1) of hk's group): the key-side
+// products of a chunk (K K^T, Q K^T for scalar gates) are formed once and shared by those value
+// heads. Per chunk of n <= C tokens, all buffers row-major, Real = float (double for f64 inputs):
+//
+//   q, k  [n, Dk]   v [n, Dv]   g [n, Wg] (Wg = 1 scalar gate, Dk per-key gate)   beta [n]
+//   G = cumsum(g) (double), e = exp(G), d = exp(G_n - G), gn = exp(G_n)        [n, Wg], [Wg]
+//   P   = lower(Gam .* (Q K^T))  (diagonal included)                            [n, n]
+//   KKg = Gam .* (K K^T)         (A = strict_lower(diag(beta) KKg))             [n, n]
+//   Tinv = (I + A)^{-1} by forward substitution: Tinv[r, :r] = -A[r, :r] Tinv[:r, :r]  [n, n]
+//   qw  = [e .* Q ; W],  W = Tinv (beta e .* K)                                [2n, Dk]
+//   U   = Tinv (beta .* V)                                                      [n, Dv]
+//   Vnew = U - W S,  O = scale (e .* Q S + P Vnew),  S_out = gn .* S + (d .* K)^T Vnew
+//
+// Scalar gates: Gam[r, j] = exp(G_r - G_j) for r >= j. Per-key gates: the pairwise products
+// sum_i X[r,i] K[j,i] exp(G_r[i] - G_j[i]) are split into sub-blocks of kPkBlock rows. For a row
+// block [r0, r1) and columns j < r0 the ratio factors through the reference row r0:
+//   exp(G_r - G_j) = exp(G_r - G_r0) * exp(G_r0 - G_j),   both exponents <= 0 (r >= r0 > j),
+// so that part is the product (X .* rf)(K .* cf)^T; inside the diagonal block the ratios are
+// formed element by element (again every exponent <= 0). No exp(-G) is ever formed.
+//
+// Masked positions arrive from canonical.h as identity steps (g = 0, beta = 0, zero q, k, v),
+// so masks run in-chunk. Extra memory: the per-thread Workspace (O(C D + C^2), plus D^2 states
+// for the item's value heads) and, in the backward, the states entering each chunk.
+#pragma once
+
+#ifndef EIGEN_DONT_PARALLELIZE
+#define EIGEN_DONT_PARALLELIZE  // one (sequence, head) item per thread; no nested threading
+#endif
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "gdr/params.h"
+#include "gdr/problem.h"
+
+namespace gdr::cpu::chunkwise {
+
+using i64 = std::int64_t;
+
+template <class Real>
+using Mat = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class Real>
+using Vec = Eigen::Matrix<Real, Eigen::Dynamic, 1>;
+template <class Real>
+using MapMat = Eigen::Map<Mat<Real>>;
+
+// Rows per sub-block of the per-key pairwise products (see the header comment).
+inline constexpr int kPkBlock = 16;
+
+// One unit of parallel work: sequence n, key head hk, value heads [hv0, hv1).
+struct WorkItem {
+  i64 n = 0, hk = 0, hv0 = 0, hv1 = 0;
+  i64 split = 0;  // index of [hv0, hv1) within hk's group
+  SequenceSpan seq;
+};
+
+struct Plan {
+  int threads = 1;
+  i64 splits = 1;  // value-head ranges per key head (1: the whole group in one item)
+  std::vector<WorkItem> items;
+};
+
+// Items for every (sequence, key head); a key head's group of value heads is split into
+// `splits` ranges only when there are fewer (sequence, key head) pairs than threads. Longest
+// sequences first so that the dynamic schedule balances varlen batches.
+Plan make_plan(const Problem& prob, const Inputs& in, const ExecConfig& config);
+
+// Per-thread buffers, allocated once per call and reused for every chunk (no allocation in the
+// chunk loop). R = value heads per item.
+template <class Real>
+struct Workspace {
+  int C = 0, Dk = 0, Dv = 0, Wg = 0;
+  Mat<Real> q, k;             // [C, Dk]
+  Mat<Real> qk, kk;           // [C, C] raw Q K^T, K K^T (scalar gate; shared by the group)
+  Mat<Real> v, o, dout, dv;   // [C, Dv]
+  Mat<Real> g;                // [C, Wg] log decay of the chunk
+  Vec<Real> beta, dbeta;      // [C]
+  Mat<double> G;              // [C, Wg] cumulative log decay
+  Mat<Real> e, d;             // [C, Wg]
+  Vec<Real> gn;               // [Wg]
+  Mat<Real> gam;              // [C, C] scalar gate ratios
+  Mat<Real> rf, cf;           // per key: [C, Dk] row factors, [sum of r0, Dk] column factors
+  Mat<Real> ediag;            // per key: [C (kPkBlock + 1) / 2, Dk] diagonal-block ratios
+  Mat<Real> ediag_k;          // per key: [kPkBlock, Dk] ratios .* K of one row
+  Mat<Real> P, KKg, A, Tinv;  // [C, C]
+  Mat<Real> kb, vb;           // [C, Dk] beta e .* K,  [C, Dv] beta .* V
+  Mat<Real> qw;               // [2C, Dk]  [e .* Q ; W]
+  Mat<Real> kd;               // [C, Dk]  d .* K
+  Mat<Real> u, vnew;          // [C, Dv]
+  Mat<Real> qws;              // [2C, Dv]  qw S
+  Mat<Real> xq, xk, yc;       // per key scratch [C, Dk]
+  // backward
+  Mat<Real> r2;                     // [2C, Dv]  [scale dO ; -dVnew]
+  Mat<Real> x;                      // [2C, Dk]  r2 S^T
+  Mat<Real> dvb, y;                 // [C, Dv] dVnew -> dVb;  [C, Dk] Vnew dS^T
+  Mat<Real> dkb;                    // [C, Dk]
+  Mat<Real> dA, dP;                 // [C, C]
+  Mat<Real> dxq, dxk, dyk;          // [C, Dk]
+  Mat<Real> dG;                     // [C, Wg]
+  Mat<Real> dq_acc, dk_acc;         // [C, Dk] summed over the item's value heads
+  Mat<Real> gate_n;                 // [1, Wg] exp(G_n) <S, dS> (per channel)
+  Vec<Real> t1, t2;                 // [C] row dots
+  std::vector<Real> S, dS, states;  // [R, Dk, Dv], [R, Dk, Dv], [R, chunks, Dk, Dv]
+  std::vector<double> gate_part;    // [1 + Wg] dA_log, ddt_bias contributions of one chunk
+
+  Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, i64 heads, bool backward);
+};
+
+// Loads the chunk's gates into w.g / w.beta beforehand. Computes G, e, d, gn and the ratios
+// (gam for scalar gates, rf/cf for per-key gates) for n rows.
+template <class Real, bool PerKey>
+void prepare_gates(Workspace<Real>& w, int n);
+
+// P (when with_q) and KKg of the chunk (needs w.q, w.k and, for scalar gates, w.qk, w.kk).
+template <class Real, bool PerKey>
+void gated_products(Workspace<Real>& w, int n, bool with_q);
+
+// A, Tinv = (I + A)^{-1}, qw = [e .* Q (when with_q) ; W], U, kd = d .* K.
+template <class Real, bool PerKey>
+void solve_chunk(Workspace<Real>& w, int n, bool with_q);
+
+// Backward of the pairwise products (after gated_products of the same chunk and head, whose
+// ratios it reuses): given upstream w.dP (for P) and w.dA already scaled by
+// beta (for KKg), writes w.dxq (to dQ), w.dxk + w.dyk (to dK) and adds their gate terms
+// Q .* dxq + K .* (dxk - dyk) (summed over Dk for scalar gates) to w.dG.
+template <class Real, bool PerKey>
+void pairwise_backward(Workspace<Real>& w, int n);
+
+// Applies the chunk's state decay: S = gn .* S (row i scaled by gn[i] for per-key gates).
+template <class Real, bool PerKey>
+void decay_state(const Workspace<Real>& w, MapMat<Real>& S);
+
+}  // namespace gdr::cpu::chunkwise

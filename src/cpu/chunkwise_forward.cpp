@@ -1,0 +1,112 @@
+// Chunkwise forward (SPEC Section 3), per chunk of n tokens and value head, state S [Dk, Dv]:
+//   [e .* Q ; W] S  (one [2n, Dk] x [Dk, Dv] product),  Vnew = U - W S,
+//   O = scale (e .* Q S + P Vnew),  S <- gn .* S + (d .* K)^T Vnew.
+// Only the running state is kept (one per value head of the item).
+#include <omp.h>
+
+#include <exception>
+#include <memory>
+
+#include "cpu/canonical.h"
+#include "cpu/chunkwise_common.h"
+#include "cpu/paths.h"
+#include "gdr/error.h"
+
+namespace gdr::cpu {
+namespace {
+
+using chunkwise::i64;
+using chunkwise::MapMat;
+using chunkwise::WorkItem;
+using chunkwise::Workspace;
+
+template <class Real, bool PerKey>
+void forward_item(const Problem& prob, const ForwardParams& p, int C, const WorkItem& it,
+                  Workspace<Real>& w) {
+  const i64 Dk = prob.Dk, Dv = prob.Dv, L = it.seq.len;
+  const i64 heads = it.hv1 - it.hv0;
+  const Real scale = static_cast<Real>(prob.scale);
+  for (i64 r = 0; r < heads; ++r)
+    load_state<Real>(prob, p.in.h0, p.opts, it.n, it.hv0 + r, w.S.data() + r * Dk * Dv);
+  for (i64 c0 = 0; c0 < L; c0 += C) {
+    const int n = static_cast<int>(std::min<i64>(C, L - c0));
+    const SequenceSpan span{it.seq.b, it.seq.t0 + c0, n};
+    load_keys<Real>(prob, p.in, p.opts, span, it.hk, w.q.data(), w.k.data());
+    if constexpr (!PerKey) {
+      w.qk.topLeftCorner(n, n).noalias() = w.q.topRows(n) * w.k.topRows(n).transpose();
+      w.kk.topLeftCorner(n, n).noalias() = w.k.topRows(n) * w.k.topRows(n).transpose();
+    }
+    for (i64 r = 0; r < heads; ++r) {
+      const i64 hv = it.hv0 + r;
+      MapMat<Real> S(w.S.data() + r * Dk * Dv, Dk, Dv);
+      load_values<Real>(prob, p.in, span, hv, w.v.data());
+      load_gates<Real>(prob, p.in, p.opts, span, hv, w.g.data(), w.beta.data());
+      chunkwise::prepare_gates<Real, PerKey>(w, n);
+      chunkwise::gated_products<Real, PerKey>(w, n, true);
+      chunkwise::solve_chunk<Real, PerKey>(w, n, true);
+      auto qws = w.qws.topRows(2 * n);
+      qws.noalias() = w.qw.topRows(2 * n) * S;
+      auto vnew = w.vnew.topRows(n);
+      vnew = w.u.topRows(n) - qws.bottomRows(n);
+      auto O = w.o.topRows(n);
+      O = qws.topRows(n);
+      O.noalias() += w.P.topLeftCorner(n, n) * vnew;
+      O *= scale;
+      store_output<Real>(prob, p.in, span, hv, w.o.data(), p.o);
+      chunkwise::decay_state<Real, PerKey>(w, S);
+      S.noalias() += w.kd.topRows(n).transpose() * vnew;
+    }
+  }
+  if (p.final_state.defined())
+    for (i64 r = 0; r < heads; ++r)
+      store_state<Real>(prob, p.opts, it.n, it.hv0 + r, w.S.data() + r * Dk * Dv, p.final_state);
+}
+
+template <class Real, bool PerKey>
+void forward_all(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
+  const chunkwise::Plan plan = chunkwise::make_plan(prob, p.in, config);
+  const i64 heads = prob.group() / plan.splits;
+  const i64 count = static_cast<i64>(plan.items.size());
+  std::exception_ptr error;
+#pragma omp parallel num_threads(plan.threads)
+  {
+    std::unique_ptr<Workspace<Real>> w;
+    try {
+      w = std::make_unique<Workspace<Real>>(config.chunk_size, prob.Dk, prob.Dv, PerKey, heads,
+                                            false);
+    } catch (...) {
+#pragma omp critical(gdr_chunkwise_error)
+      if (!error) error = std::current_exception();
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (i64 i = 0; i < count; ++i) {
+      if (!w) continue;
+      try {
+        forward_item<Real, PerKey>(prob, p, config.chunk_size, plan.items[i], *w);
+      } catch (...) {
+#pragma omp critical(gdr_chunkwise_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+template <class Real>
+void forward_real(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
+  if (prob.gate == GateKind::per_key)
+    forward_all<Real, true>(prob, p, config);
+  else
+    forward_all<Real, false>(prob, p, config);
+}
+
+}  // namespace
+
+void chunkwise_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
+  if (prob.dtype == DType::f64)
+    forward_real<double>(prob, p, config);
+  else
+    forward_real<float>(prob, p, config);
+}
+
+}  // namespace gdr::cpu
