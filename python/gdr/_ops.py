@@ -1,0 +1,271 @@
+"""The torch.library operators of gdr: torch.ops.gdr.forward, .backward and .decode_.
+
+Each allocates its outputs, hands DLPack views to the core (gdr._C) and returns. The core
+validates every shape, dtype, device and layout before touching memory; its messages reach Python
+unchanged (ValueError for bad arguments, RuntimeError for failures while running).
+
+Autograd: forward's gradient is the backward operator (SPEC Section 4), registered with
+register_autograd. Fake (meta) implementations make the operators traceable by torch.compile.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+__all__ = ["forward", "backward", "decode_"]
+
+
+def _stream(t: Tensor) -> int:
+    """The current CUDA stream of t's device as an integer (0 for CPU tensors)."""
+    if t.device.type == "cuda":
+        return torch.cuda.current_stream(t.device).cuda_stream
+    return 0
+
+
+def _d(t: Optional[Tensor]) -> Optional[Tensor]:
+    # DLPack export refuses tensors that require grad; the core never differentiates anyway.
+    return None if t is None else t.detach()
+
+
+def _last_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    # Incoming gradients can be expanded (stride 0) or transposed; the core needs stride(-1) == 1.
+    if t is None:
+        return None
+    if t.dim() > 0 and t.stride(-1) != 1 and t.numel() > 0:
+        return t.contiguous()
+    return t
+
+
+def _size(t: Optional[Tensor], i: int) -> int:
+    """t.shape[i], or 0 when t is absent or too small (the core then names the bad input)."""
+    if t is None or t.dim() <= i or t.dim() == 0:
+        return 0
+    return t.shape[i]
+
+
+def _state_dtype(q: Tensor) -> torch.dtype:
+    # States are fp32; float64 inputs (CPU checks, gradcheck) keep float64 states.
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _state_shape(q, k, v, cu_seqlens, state_layout):
+    n = (_size(cu_seqlens, 0) - 1) if cu_seqlens is not None else _size(v, 0)
+    n = max(n, 0)
+    hv, dk, dv = _size(v, 2), _size(k, 3), _size(v, 3)
+    return (n, hv, dv, dk) if state_layout == "v_first" else (n, hv, dk, dv)
+
+
+def _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state):
+    o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
+    if output_final_state:
+        fs = torch.empty(_state_shape(q, k, v, cu_seqlens, state_layout), dtype=_state_dtype(q),
+                         device=v.device)
+    else:
+        fs = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
+    return o, fs
+
+
+# ---- forward -------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("gdr::forward", mutates_args=())
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    A_log: Optional[Tensor],
+    dt_bias: Optional[Tensor],
+    initial_state: Optional[Tensor],
+    mask: Optional[Tensor],
+    cu_seqlens: Optional[Tensor],
+    scale: float,
+    state_layout: str,
+    gate_in_kernel: bool,
+    beta_sigmoid: bool,
+    qk_l2norm: bool,
+    output_final_state: bool,
+    path: str,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
+    """o [B,T,Hv,Dv] and the final state ([N,Hv,Dk,Dv], or shape [0] when not requested)."""
+    o, fs = _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state)
+    _C.forward(
+        _d(q), _d(k), _d(v), _d(g), _d(beta), _d(A_log), _d(dt_bias), _d(initial_state),
+        _d(mask), _d(cu_seqlens), o, fs if output_final_state else None,
+        scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
+        beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
+        stream=_stream(v))
+    return o, fs
+
+
+@forward.register_fake
+def _forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale,
+                  state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path,
+                  chunk_size):
+    return _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state)
+
+
+# ---- backward ------------------------------------------------------------------------------------
+
+
+def _grad_like(t: Tensor) -> Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state):
+    dev = v.device
+    absent = torch.empty((0,), dtype=_state_dtype(q), device=dev)
+    return (
+        _grad_like(q), _grad_like(k), _grad_like(v), _grad_like(g), _grad_like(beta),
+        _grad_like(A_log) if A_log is not None else absent.clone(),
+        _grad_like(dt_bias) if dt_bias is not None else absent.clone(),
+        _grad_like(initial_state) if initial_state is not None else absent.clone(),
+    )
+
+
+_warned_cuda_backward = False
+
+
+def _run_backward(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state, mask,
+                  cu_seqlens, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path,
+                  chunk_size):
+    grads = _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state)
+    dq, dk, dv, dg, dbeta, dA, ddt, dh0 = grads
+    _C.backward(
+        q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, dout, dfinal_state,
+        dq, dk, dv, dg, dbeta,
+        dA if A_log is not None else None,
+        ddt if dt_bias is not None else None,
+        dh0 if initial_state is not None else None,
+        scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
+        beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
+        stream=_stream(v))
+    return grads
+
+
+@torch.library.custom_op("gdr::backward", mutates_args=())
+def backward(
+    dout: Tensor,
+    dfinal_state: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    A_log: Optional[Tensor],
+    dt_bias: Optional[Tensor],
+    initial_state: Optional[Tensor],
+    mask: Optional[Tensor],
+    cu_seqlens: Optional[Tensor],
+    scale: float,
+    state_layout: str,
+    gate_in_kernel: bool,
+    beta_sigmoid: bool,
+    qk_l2norm: bool,
+    path: str,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0); an absent input's gradient has shape [0].
+
+    On CUDA, while the core has no CUDA backward, the gradients are computed by the CPU path on
+    host copies (correct, slow; warns once).
+    """
+    global _warned_cuda_backward
+    args = [_d(t) for t in (dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state,
+                            mask, cu_seqlens)]
+    args[0] = _last_contiguous(args[0])
+    args[1] = _last_contiguous(args[1])
+    opts = (scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path, chunk_size)
+    try:
+        return _run_backward(*args, *opts)
+    except ValueError as e:
+        if v.device.type != "cuda" or "backward on cuda is not available" not in str(e):
+            raise
+    if not _warned_cuda_backward:
+        warnings.warn("gdr: no CUDA backward in this build; gradients are computed on the CPU",
+                      RuntimeWarning, stacklevel=2)
+        _warned_cuda_backward = True
+    host = [None if t is None else t.cpu() for t in args]
+    cpu_path = "auto" if path in ("sequential", "chunkwise", "auto") else path
+    grads = _run_backward(*host, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm,
+                          cpu_path, chunk_size)
+    return tuple(t.to(v.device) for t in grads)
+
+
+@backward.register_fake
+def _backward_fake(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state, mask,
+                   cu_seqlens, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path,
+                   chunk_size):
+    return _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state)
+
+
+def _forward_setup_context(ctx, inputs, output):
+    (q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale, state_layout,
+     gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path, chunk_size) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens)
+    ctx.opts = (scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path, chunk_size)
+    ctx.output_final_state = output_final_state
+
+
+def _forward_backward(ctx, do, dfs):
+    q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
+    if not ctx.output_final_state:
+        dfs = None
+    dq, dk, dv, dg, dbeta, dA, ddt, dh0 = torch.ops.gdr.backward(
+        _last_contiguous(do), _last_contiguous(dfs), q, k, v, g, beta, A_log, dt_bias,
+        initial_state, mask, cu_seqlens, *ctx.opts)
+    return (dq, dk, dv, dg, dbeta,
+            dA if A_log is not None else None,
+            ddt if dt_bias is not None else None,
+            dh0 if initial_state is not None else None,
+            None, None, None, None, None, None, None, None, None, None)
+
+
+forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)
+
+
+# ---- decode (state in place) ---------------------------------------------------------------------
+
+
+@torch.library.custom_op("gdr::decode_", mutates_args=("state",))
+def decode_(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    state_indices: Optional[Tensor],
+    A_log: Optional[Tensor],
+    dt_bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    scale: float,
+    state_layout: str,
+    gate_in_kernel: bool,
+    beta_sigmoid: bool,
+    qk_l2norm: bool,
+) -> Tensor:
+    """o [B,T,Hv,Dv]; state [P,Hv,Dk,Dv] (or v-first) is read and updated in place."""
+    o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
+    _C.decode(
+        _d(q), _d(k), _d(v), _d(g), _d(beta), _d(A_log), _d(dt_bias), _d(mask), state.detach(),
+        _d(state_indices), o, scale=scale, state_layout=state_layout,
+        gate_in_kernel=gate_in_kernel, beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm,
+        stream=_stream(v))
+    return o
+
+
+@decode_.register_fake
+def _decode_fake(q, k, v, g, beta, state, state_indices, A_log, dt_bias, mask, scale,
+                 state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm):
+    return torch.empty(v.shape, dtype=q.dtype, device=v.device)

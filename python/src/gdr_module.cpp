@@ -1,0 +1,303 @@
+// gdr._C: the Python binding of the gdr core (nanobind). It only converts: DLPack tensors
+// (torch, numpy, ...; CPU or CUDA) become gdr::TensorView (pointer, dtype, device, shape, int64
+// strides in elements), keyword options become gdr::Options / gdr::ExecConfig, and the core runs
+// with the GIL released. Output tensors are allocated by the caller (python/gdr/_ops.py).
+// The core validates every shape, dtype, device and layout; its gdr::InvalidArgument reaches
+// Python as ValueError and gdr::RuntimeFailure as RuntimeError, with the message unchanged.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gdr/gdr.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// Inputs may be read-only (numpy); outputs must be writable.
+using In = nb::ndarray<nb::ro>;
+using Out = nb::ndarray<>;
+using OptIn = std::optional<In>;
+using OptOut = std::optional<Out>;
+
+[[noreturn]] void refuse(const char* op, const std::string& what) {
+  throw gdr::InvalidArgument(std::string(op) + ": " + what);
+}
+
+std::string dlpack_dtype_name(nb::dlpack::dtype dt) {
+  const char* kind = "code";
+  switch (static_cast<nb::dlpack::dtype_code>(dt.code)) {
+    case nb::dlpack::dtype_code::Int: kind = "int"; break;
+    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
+    case nb::dlpack::dtype_code::Float: kind = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
+    case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
+    case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
+    default: break;
+  }
+  std::string s = std::string(kind) + std::to_string(dt.bits);
+  if (dt.lanes != 1) s += "x" + std::to_string(dt.lanes);
+  return s;
+}
+
+gdr::DType to_dtype(nb::dlpack::dtype dt, const char* op, const char* name) {
+  using C = nb::dlpack::dtype_code;
+  if (dt.lanes == 1) {
+    switch (static_cast<C>(dt.code)) {
+      case C::Float:
+        if (dt.bits == 32) return gdr::DType::f32;
+        if (dt.bits == 16) return gdr::DType::f16;
+        if (dt.bits == 64) return gdr::DType::f64;
+        break;
+      case C::Bfloat:
+        if (dt.bits == 16) return gdr::DType::bf16;
+        break;
+      case C::Int:
+        if (dt.bits == 32) return gdr::DType::i32;
+        if (dt.bits == 64) return gdr::DType::i64;
+        break;
+      case C::Bool:
+        if (dt.bits == 8) return gdr::DType::boolean;
+        break;
+      default: break;
+    }
+  }
+  refuse(op, std::string(name) + " has dtype " + dlpack_dtype_name(dt) +
+                 "; gdr takes float32, float16, bfloat16, float64 (CPU), int32, int64 or bool");
+}
+
+// A TensorView of a DLPack tensor. Rank must be 1..kMaxRank (rank 0 means "not given" in the core,
+// so a 0-d tensor is refused here rather than silently ignored).
+template <typename Array>
+gdr::TensorView to_view(const Array& a, const char* op, const char* name) {
+  gdr::TensorView t;
+  const std::size_t rank = a.ndim();
+  if (rank == 0) refuse(op, std::string(name) + " is a 0-d tensor; gdr tensors have rank 1 to 4");
+  if (rank > static_cast<std::size_t>(gdr::kMaxRank))
+    refuse(op, std::string(name) + " has rank " + std::to_string(rank) + "; at most " +
+                   std::to_string(gdr::kMaxRank) + " is allowed");
+  switch (a.device_type()) {
+    case nb::device::cpu::value: t.device = gdr::DeviceType::cpu; break;
+    case nb::device::cuda::value:
+    case nb::device::cuda_managed::value: t.device = gdr::DeviceType::cuda; break;
+    default:
+      refuse(op, std::string(name) + " is on DLPack device type " +
+                     std::to_string(a.device_type()) + "; gdr takes cpu or cuda tensors");
+  }
+  t.device_index = a.device_id();
+  t.dtype = to_dtype(a.dtype(), op, name);
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  t.rank = static_cast<int>(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    t.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    t.stride[i] = a.stride(i);
+  }
+  return t;
+}
+
+template <typename Array>
+gdr::TensorView to_view(const std::optional<Array>& a, const char* op, const char* name) {
+  return a ? to_view(*a, op, name) : gdr::TensorView{};
+}
+
+gdr::StateLayout to_layout(const std::string& s, const char* op) {
+  if (s == "k_first") return gdr::StateLayout::k_first;
+  if (s == "v_first") return gdr::StateLayout::v_first;
+  refuse(op, "state_layout is '" + s + "'; allowed: 'k_first', 'v_first'");
+}
+
+gdr::Path to_path(const std::string& s, const char* op) {
+  if (s == "auto" || s == "automatic") return gdr::Path::automatic;
+  if (s == "reference") return gdr::Path::reference;
+  if (s == "sequential") return gdr::Path::sequential;
+  if (s == "chunkwise") return gdr::Path::chunkwise;
+  refuse(op, "path is '" + s + "'; allowed: 'auto', 'reference', 'sequential', 'chunkwise'");
+}
+
+gdr::Options to_options(double scale, const std::string& state_layout, bool gate_in_kernel,
+                        bool beta_sigmoid, bool qk_l2norm, double l2norm_eps, const char* op) {
+  gdr::Options o;
+  o.scale = static_cast<float>(scale);
+  o.state_layout = to_layout(state_layout, op);
+  o.gate_in_kernel = gate_in_kernel;
+  o.beta_sigmoid = beta_sigmoid;
+  o.qk_l2norm = qk_l2norm;
+  o.l2norm_eps = static_cast<float>(l2norm_eps);
+  return o;
+}
+
+gdr::ExecConfig to_config(const std::string& path, int chunk_size, int num_threads,
+                          std::uintptr_t stream, const char* op) {
+  gdr::ExecConfig c;
+  c.path = to_path(path, op);
+  c.chunk_size = chunk_size;
+  c.num_threads = num_threads;
+  c.stream = reinterpret_cast<void*>(stream);
+  return c;
+}
+
+gdr::Inputs to_inputs(const In& q, const In& k, const In& v, const In& g, const In& beta,
+                      const OptIn& A_log, const OptIn& dt_bias, const OptIn& h0, const OptIn& mask,
+                      const OptIn& cu_seqlens, const char* op) {
+  gdr::Inputs in;
+  in.q = to_view(q, op, "q");
+  in.k = to_view(k, op, "k");
+  in.v = to_view(v, op, "v");
+  in.g = to_view(g, op, "g");
+  in.beta = to_view(beta, op, "beta");
+  in.A_log = to_view(A_log, op, "A_log");
+  in.dt_bias = to_view(dt_bias, op, "dt_bias");
+  in.h0 = to_view(h0, op, "h0");
+  in.mask = to_view(mask, op, "mask");
+  in.cu_seqlens = to_view(cu_seqlens, op, "cu_seqlens");
+  return in;
+}
+
+void forward(const In& q, const In& k, const In& v, const In& g, const In& beta, const OptIn& A_log,
+             const OptIn& dt_bias, const OptIn& initial_state, const OptIn& mask,
+             const OptIn& cu_seqlens, Out o, OptOut final_state, double scale,
+             const std::string& state_layout, bool gate_in_kernel, bool beta_sigmoid,
+             bool qk_l2norm, double l2norm_eps, const std::string& path, int chunk_size,
+             int num_threads, std::uintptr_t stream) {
+  const char* op = "gdr.forward";
+  gdr::ForwardParams p;
+  p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
+  p.o = to_view(o, op, "o");
+  p.final_state = to_view(final_state, op, "final_state");
+  p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
+  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, op);
+  nb::gil_scoped_release release;
+  gdr::forward(p, config);
+}
+
+void backward(const In& q, const In& k, const In& v, const In& g, const In& beta,
+              const OptIn& A_log, const OptIn& dt_bias, const OptIn& initial_state,
+              const OptIn& mask, const OptIn& cu_seqlens, const In& dout, const OptIn& dfinal_state,
+              OptOut dq, OptOut dk, OptOut dv, OptOut dg, OptOut dbeta, OptOut dA_log,
+              OptOut ddt_bias, OptOut dh0, double scale, const std::string& state_layout,
+              bool gate_in_kernel, bool beta_sigmoid, bool qk_l2norm, double l2norm_eps,
+              const std::string& path, int chunk_size, int num_threads, std::uintptr_t stream) {
+  const char* op = "gdr.backward";
+  gdr::BackwardParams p;
+  p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
+  p.dout = to_view(dout, op, "dout");
+  p.dfinal_state = to_view(dfinal_state, op, "dfinal_state");
+  p.dq = to_view(dq, op, "dq");
+  p.dk = to_view(dk, op, "dk");
+  p.dv = to_view(dv, op, "dv");
+  p.dg = to_view(dg, op, "dg");
+  p.dbeta = to_view(dbeta, op, "dbeta");
+  p.dA_log = to_view(dA_log, op, "dA_log");
+  p.ddt_bias = to_view(ddt_bias, op, "ddt_bias");
+  p.dh0 = to_view(dh0, op, "dh0");
+  p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
+  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, op);
+  nb::gil_scoped_release release;
+  gdr::backward(p, config);
+}
+
+void decode(const In& q, const In& k, const In& v, const In& g, const In& beta, const OptIn& A_log,
+            const OptIn& dt_bias, const OptIn& mask, Out state, const OptIn& state_indices, Out o,
+            double scale, const std::string& state_layout, bool gate_in_kernel, bool beta_sigmoid,
+            bool qk_l2norm, double l2norm_eps, const std::string& path, int num_threads,
+            std::uintptr_t stream) {
+  const char* op = "gdr.decode";
+  gdr::DecodeParams p;
+  p.q = to_view(q, op, "q");
+  p.k = to_view(k, op, "k");
+  p.v = to_view(v, op, "v");
+  p.g = to_view(g, op, "g");
+  p.beta = to_view(beta, op, "beta");
+  p.A_log = to_view(A_log, op, "A_log");
+  p.dt_bias = to_view(dt_bias, op, "dt_bias");
+  p.mask = to_view(mask, op, "mask");
+  p.state = to_view(state, op, "state");
+  p.state_indices = to_view(state_indices, op, "state_indices");
+  p.o = to_view(o, op, "o");
+  p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
+  const gdr::ExecConfig config = to_config(path, 64, num_threads, stream, op);
+  nb::gil_scoped_release release;
+  gdr::decode(p, config);
+}
+
+std::string resolve_forward_path(const In& q, const In& k, const In& v, const In& g, const In& beta,
+                                 const OptIn& A_log, const OptIn& dt_bias,
+                                 const OptIn& initial_state, const OptIn& mask,
+                                 const OptIn& cu_seqlens, Out o, OptOut final_state, double scale,
+                                 const std::string& state_layout, bool gate_in_kernel,
+                                 bool beta_sigmoid, bool qk_l2norm, double l2norm_eps,
+                                 const std::string& path, int chunk_size, int num_threads) {
+  const char* op = "gdr.forward";
+  gdr::ForwardParams p;
+  p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
+  p.o = to_view(o, op, "o");
+  p.final_state = to_view(final_state, op, "final_state");
+  p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
+  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, 0, op);
+  return std::string(gdr::to_string(gdr::resolve_forward_path(p, config)));
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "gdr core bindings: gated delta rule forward, backward and decode on DLPack tensors";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const gdr::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const gdr::RuntimeFailure& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  m.attr("__version__") = GDR_VERSION_STRING;
+  m.def("cuda_available", &gdr::cuda_available,
+        "True when this build of gdr has the CUDA paths compiled in.");
+
+  // Keyword names shared by forward / backward / resolve_forward_path.
+  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+        nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
+        nb::arg("initial_state").none(), nb::arg("mask").none(), nb::arg("cu_seqlens").none(),
+        nb::arg("o"), nb::arg("final_state").none(), nb::kw_only(), nb::arg("scale") = 0.0,
+        nb::arg("state_layout") = "k_first", nb::arg("gate_in_kernel") = false,
+        nb::arg("beta_sigmoid") = false, nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6,
+        nb::arg("path") = "auto", nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0,
+        nb::arg("stream") = 0,
+        "Writes o [B,T,Hv,Dv] and, when given, final_state; see include/gdr/params.h.");
+
+  m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+        nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
+        nb::arg("initial_state").none(), nb::arg("mask").none(), nb::arg("cu_seqlens").none(),
+        nb::arg("dout"), nb::arg("dfinal_state").none(), nb::arg("dq").none(), nb::arg("dk").none(),
+        nb::arg("dv").none(), nb::arg("dg").none(), nb::arg("dbeta").none(),
+        nb::arg("dA_log").none(), nb::arg("ddt_bias").none(), nb::arg("dh0").none(), nb::kw_only(),
+        nb::arg("scale") = 0.0, nb::arg("state_layout") = "k_first",
+        nb::arg("gate_in_kernel") = false, nb::arg("beta_sigmoid") = false,
+        nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6, nb::arg("path") = "auto",
+        nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0, nb::arg("stream") = 0,
+        "Writes the given gradients (each optional); see include/gdr/params.h.");
+
+  m.def("decode", &decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+        nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("mask").none(),
+        nb::arg("state"), nb::arg("state_indices").none(), nb::arg("o"), nb::kw_only(),
+        nb::arg("scale") = 0.0, nb::arg("state_layout") = "k_first",
+        nb::arg("gate_in_kernel") = false, nb::arg("beta_sigmoid") = false,
+        nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6, nb::arg("path") = "auto",
+        nb::arg("num_threads") = 0, nb::arg("stream") = 0,
+        "Runs T = 1..16 tokens per sequence, updating state in place and writing o.");
+
+  m.def("resolve_forward_path", &resolve_forward_path, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
+        nb::arg("initial_state").none(), nb::arg("mask").none(), nb::arg("cu_seqlens").none(),
+        nb::arg("o"), nb::arg("final_state").none(), nb::kw_only(), nb::arg("scale") = 0.0,
+        nb::arg("state_layout") = "k_first", nb::arg("gate_in_kernel") = false,
+        nb::arg("beta_sigmoid") = false, nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6,
+        nb::arg("path") = "auto", nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0,
+        "The path ('reference', 'sequential' or 'chunkwise') forward would run for these args.");
+}

@@ -1,0 +1,98 @@
+"""The CUDA paths through the Python operators (skipped without a GPU or without a CUDA build):
+forward (recurrent kernel) and decode equal to the float64 CPU recurrence, on the current stream;
+gradients of CUDA tensors equal to the CPU ones."""
+
+import pytest
+import torch
+
+import gdr
+from gdr_testing import make_inputs, rel_err, torch_reference
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and gdr.cuda_available()),
+    reason="needs a CUDA device and a CUDA build of gdr")
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 5e-3, torch.float16: 5e-3}
+
+
+def _cuda(x):
+    return {k: t.cuda() for k, t in x.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gate", ["scalar", "per_key"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("layout", ["k_first", "v_first"])
+def test_forward_matches_cpu_reference(dtype, gate, D, layout):
+    x = make_inputs(B=2, T=65, Hk=2, Hv=4, Dk=D, Dv=D, gate=gate, h0=True, dtype=dtype,
+                    decay="strong", state_layout=layout)
+    xc = _cuda(x)
+    o, fs = gdr.chunk_gated_delta_rule(xc["q"], xc["k"], xc["v"], xc["g"], xc["beta"],
+                                       initial_state=xc["initial_state"], output_final_state=True,
+                                       state_layout=layout)
+    o2, fs2 = gdr.fused_recurrent_gated_delta_rule(
+        xc["q"], xc["k"], xc["v"], **({"g": xc["g"]} if gate == "scalar" else {"gk": xc["g"]}),
+        beta=xc["beta"], initial_state=xc["initial_state"], output_final_state=True,
+        state_layout=layout)
+    o_ref, fs_ref = torch_reference(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                    initial_state=x["initial_state"], state_layout=layout)
+    assert o.is_cuda and o.dtype == dtype
+    assert rel_err(o.cpu(), o_ref) < TOL[dtype]
+    assert rel_err(fs.cpu(), fs_ref) < TOL[dtype]
+    assert torch.equal(o, o2) and torch.equal(fs, fs2)
+
+
+def test_forward_varlen_mask_fused_options():
+    x = make_inputs(B=1, T=90, Hk=1, Hv=2, Dk=64, Dv=64, h0=True, N=3)
+    cu = torch.tensor([0, 30, 30, 90], dtype=torch.int32)
+    a, b = torch.randn(1, 90, 2), torch.randn(1, 90, 2)
+    A_log, dt_bias = torch.rand(2), torch.rand(2)
+    mask = torch.rand(1, 90) > 0.2
+    xc = _cuda(x)
+    o, fs = gdr.chunk_gated_delta_rule(
+        xc["q"], xc["k"], xc["v"], a.cuda(), b.cuda(), initial_state=xc["initial_state"],
+        output_final_state=True, cu_seqlens=cu.cuda(), mask=mask.cuda(),
+        use_qk_l2norm_in_kernel=True, A_log=A_log.cuda(), dt_bias=dt_bias.cuda(),
+        use_beta_sigmoid_in_kernel=True)
+    o_ref, fs_ref = torch_reference(x["q"], x["k"], x["v"], a, b,
+                                    initial_state=x["initial_state"], cu_seqlens=cu, mask=mask,
+                                    use_qk_l2norm=True, A_log=A_log, dt_bias=dt_bias,
+                                    beta_sigmoid=True)
+    assert rel_err(o.cpu(), o_ref) < 1e-5 and rel_err(fs.cpu(), fs_ref) < 1e-5
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_decode_step_pool_on_a_side_stream(T):
+    x = make_inputs(B=3, T=T, Hk=2, Hv=4, Dk=128, Dv=128, h0=True)
+    pool = torch.randn(5, 4, 128, 128)
+    idx = torch.tensor([4, -1, 1])
+    pool[4], pool[1] = x["initial_state"][0], x["initial_state"][2]
+    pool_c, xc = pool.cuda(), _cuda(x)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        o = gdr.decode_step(xc["q"], xc["k"], xc["v"], xc["g"], xc["beta"], pool_c, idx.cuda())
+    torch.cuda.current_stream().wait_stream(stream)
+    o_ref, s_ref = torch_reference(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                   initial_state=x["initial_state"])
+    o, pool_c = o.cpu(), pool_c.cpu()
+    for b, row in ((0, 4), (2, 1)):
+        assert rel_err(o[b], o_ref[b]) < 1e-5 and rel_err(pool_c[row], s_ref[b]) < 1e-5
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+    for row in (0, 2, 3):
+        assert torch.equal(pool_c[row], pool[row])
+
+
+def test_gradients_of_cuda_tensors_equal_cpu():
+    x = make_inputs(B=1, T=40, Hk=1, Hv=2, Dk=64, Dv=64, h0=True)
+    leaves_c = {k: t.cuda().requires_grad_() for k, t in x.items()}
+    leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
+    w = torch.randn(1, 40, 2, 64)
+    for d, dev in ((leaves_c, "cuda"), (leaves, "cpu")):
+        o, fs = gdr.chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["g"], d["beta"],
+                                           initial_state=d["initial_state"],
+                                           output_final_state=True)
+        ((o * w.to(dev)).sum() + fs.sum()).backward()
+    for k in x:
+        assert leaves_c[k].grad.is_cuda
+        assert rel_err(leaves_c[k].grad.cpu(), leaves[k].grad) < 1e-4, k
