@@ -11,17 +11,33 @@ namespace gdr::heuristics {
 // Chunk sizes the chunkwise path is built for. 64 by default: the SPEC's C, and large enough
 // that the chunk products run near the matrix-product rate.
 inline constexpr int kDefaultChunk = 64;
-inline constexpr bool is_supported_chunk(int c) { return c == 16 || c == 32 || c == 64; }
+inline constexpr bool is_supported_chunk(int c) {
+  return c == 16 || c == 32 || c == 64;
+}
 
-// Below this many tokens per sequence the CPU fp32 per-token loop beats the chunkwise form
-// (fixed per-chunk costs dominate; measured by bench/cpu_paths, see bench/results).
-inline constexpr std::int64_t kCpuSequentialMaxTokens = 32;
+// Up to this many tokens per sequence the CPU fp32 per-token loop beats the chunkwise form.
+// Measured with bench/cpu_paths (A/B pairs after A/A, B=4, Hk=16, Hv=32, Dk=Dv=128, fp32, 2
+// cores, 2026-11-29, bench/results/2026-11-29-cpu-paths.json): median time(sequential) /
+// time(chunkwise)
+//   forward:            T=32 0.83, 64 0.67, 128 0.83, 256 0.82, 512 1.22
+//   forward + backward: T=1 0.58, 4 0.87, 8 1.02, 16 1.31, 32 1.16
+// The forward loop makes one pass over the state per token; its backward makes four (two
+// recomputed steps, two reverse passes), so the crossover comes much earlier for the backward.
+// Re-measure when either path changes.
+inline constexpr std::int64_t kCpuSequentialMaxTokens = 256;
+inline constexpr std::int64_t kCpuSequentialMaxTokensBackward = 8;
+
+inline std::int64_t tokens_per_sequence(const Problem& prob) {
+  return prob.N > 0 ? (prob.B * prob.T) / prob.N : 0;
+}
 
 // The path `automatic` resolves to on the CPU.
 inline Path cpu_forward_path(const Problem& prob) {
-  const std::int64_t tokens_per_seq = prob.N > 0 ? (prob.B * prob.T) / prob.N : 0;
-  return tokens_per_seq <= kCpuSequentialMaxTokens ? Path::sequential : Path::chunkwise;
+  return tokens_per_sequence(prob) <= kCpuSequentialMaxTokens ? Path::sequential : Path::chunkwise;
 }
-inline Path cpu_backward_path(const Problem& prob) { return cpu_forward_path(prob); }
+inline Path cpu_backward_path(const Problem& prob) {
+  return tokens_per_sequence(prob) <= kCpuSequentialMaxTokensBackward ? Path::sequential
+                                                                      : Path::chunkwise;
+}
 
 }  // namespace gdr::heuristics

@@ -1,0 +1,370 @@
+// cpu_paths: two CPU paths of gdr on one shape, compared as a ratio measured in one run.
+//
+// Protocol (PERF.md, "How to measure", CPU): warm-up of both paths, then an A/A calibration
+// (path A against itself, `pairs` alternating pairs: if the spread of that ratio does not
+// include 1, the machine is too noisy and the verdict says so), then `pairs` A/B pairs in
+// alternating order (A B, B A, ...). Reported: the median ratio time(A) / time(B) with its
+// min / max and inter-quartile range, each path's median time, achieved GFLOP/s (work model
+// below) and the fraction of the machine's fp32 FMA peak (measured here, bench/fma_peak.h).
+// The two paths' outputs are compared (relative Frobenius error of o and dq, dk, dv, dg).
+//
+// --mode single: one path only, `pairs` timed runs after a warm-up, and its peak memory (peak
+// RSS of this process minus its RSS once inputs and outputs are allocated); run it in a fresh
+// process per configuration (bench/cpu_compare.py does).
+//
+// Work model (PERF.md), per token and value head, chunk C: forward 6 Dk Dv + C (6 Dk + 4 Dv)
+// flops; forward + backward counted as 3x forward. Bytes: q, k, v, g, beta read and o written
+// once (fp32); the backward adds dout read, the inputs read again and dq, dk, dv, dg, dbeta
+// written.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fma_peak.h"
+#include "gdr/gdr.h"
+
+namespace {
+
+using std::int64_t;
+using json = nlohmann::json;
+
+struct Options {
+  std::string a = "sequential", b = "chunkwise";  // ratio reported: time(a) / time(b)
+  std::string direction = "fwdbwd";               // fwd | fwdbwd
+  std::string mode = "ab";                        // ab | single (path a only)
+  int64_t B = 1, T = 1024, Hk = 16, Hv = 32, Dk = 128, Dv = 128;
+  std::string gate = "scalar";  // scalar | per_key
+  int threads = 0;              // 0 = all
+  int chunk = 64;
+  int pairs = 15;
+  std::uint64_t seed = 20261129;
+  std::string json_path;
+
+  bool backward() const { return direction == "fwdbwd"; }
+  int64_t gw() const { return gate == "per_key" ? Dk : 1; }
+  double flops() const {
+    const double fwd =
+        double(B) * double(T) * double(Hv) *
+        (6.0 * double(Dk) * double(Dv) + chunk * (6.0 * double(Dk) + 4.0 * double(Dv)));
+    return backward() ? 3.0 * fwd : fwd;
+  }
+  double bytes() const {
+    const double BT = double(B) * double(T);
+    const double in = BT * (2.0 * Hk * Dk + Hv * Dv + Hv * gw() + Hv) * 4.0;
+    const double out = BT * Hv * Dv * 4.0;
+    return backward() ? 2.0 * in + out + out /* dout */ + in /* grads */ : in + out;
+  }
+};
+
+gdr::Path parse_path(const std::string& s) {
+  if (s == "sequential") return gdr::Path::sequential;
+  if (s == "chunkwise") return gdr::Path::chunkwise;
+  if (s == "reference") return gdr::Path::reference;
+  if (s == "automatic") return gdr::Path::automatic;
+  throw gdr::InvalidArgument("cpu_paths: path " + s +
+                             "; supported: sequential, chunkwise, reference, automatic");
+}
+
+// fp32 inputs, outputs and gradient seed of one problem (SPEC Section 7 inputs, mild decay).
+struct Problem {
+  std::vector<float> q, k, v, g, beta, dout, o, dq, dk, dv, dg, dbeta;
+  gdr::ForwardParams fp;
+  gdr::BackwardParams bp;
+
+  explicit Problem(const Options& o_) {
+    const int64_t B = o_.B, T = o_.T, Hk = o_.Hk, Hv = o_.Hv, Dk = o_.Dk, Dv = o_.Dv;
+    const int64_t gw = o_.gw();
+    std::mt19937_64 rng(o_.seed);
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> uniform;
+    auto sized = [](std::vector<float>& x, int64_t n) {
+      x.assign(static_cast<std::size_t>(n), 0.f);
+    };
+    sized(q, B * T * Hk * Dk);
+    sized(k, B * T * Hk * Dk);
+    sized(v, B * T * Hv * Dv);
+    sized(g, B * T * Hv * gw);
+    sized(beta, B * T * Hv);
+    sized(dout, B * T * Hv * Dv);
+    for (auto& x : q) x = normal(rng);
+    for (int64_t r = 0; r < B * T * Hk; ++r) {
+      float n2 = 0;
+      for (int64_t i = 0; i < Dk; ++i) n2 += (k[r * Dk + i] = normal(rng)) * k[r * Dk + i];
+      for (int64_t i = 0; i < Dk; ++i) k[r * Dk + i] /= std::sqrt(n2);
+    }
+    for (auto& x : v) x = normal(rng);
+    for (auto& x : g) x = -0.2f * uniform(rng);
+    for (auto& x : beta) x = uniform(rng);
+    for (auto& x : dout) x = normal(rng);
+    sized(o, B * T * Hv * Dv);
+    sized(dq, B * T * Hk * Dk);
+    sized(dk, B * T * Hk * Dk);
+    sized(dv, B * T * Hv * Dv);
+    sized(dg, B * T * Hv * gw);
+    sized(dbeta, B * T * Hv);
+    using gdr::DType;
+    using gdr::TensorView;
+    auto view4 = [](std::vector<float>& x, int64_t a, int64_t b, int64_t c, int64_t d) {
+      return TensorView::contiguous(x.data(), DType::f32, {a, b, c, d});
+    };
+    auto gate_view = [&](std::vector<float>& x) {
+      return gw == 1 ? TensorView::contiguous(x.data(), DType::f32, {B, T, Hv})
+                     : view4(x, B, T, Hv, Dk);
+    };
+    fp.in.q = view4(q, B, T, Hk, Dk);
+    fp.in.k = view4(k, B, T, Hk, Dk);
+    fp.in.v = view4(v, B, T, Hv, Dv);
+    fp.in.g = gate_view(g);
+    fp.in.beta = TensorView::contiguous(beta.data(), DType::f32, {B, T, Hv});
+    fp.o = view4(o, B, T, Hv, Dv);
+    bp.in = fp.in;
+    bp.dout = view4(dout, B, T, Hv, Dv);
+    bp.dq = view4(dq, B, T, Hk, Dk);
+    bp.dk = view4(dk, B, T, Hk, Dk);
+    bp.dv = view4(dv, B, T, Hv, Dv);
+    bp.dg = gate_view(dg);
+    bp.dbeta = TensorView::contiguous(dbeta.data(), DType::f32, {B, T, Hv});
+  }
+};
+
+// Seconds of one call (forward, or forward + backward) of `path`.
+double time_once(Problem& p, const Options& o, gdr::Path path) {
+  gdr::ExecConfig cfg;
+  cfg.path = path;
+  cfg.num_threads = o.threads;
+  cfg.chunk_size = o.chunk;
+  const auto t0 = std::chrono::steady_clock::now();
+  gdr::forward(p.fp, cfg);
+  if (o.backward()) gdr::backward(p.bp, cfg);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double quantile(std::vector<double> x, double q) {
+  std::sort(x.begin(), x.end());
+  const double pos = q * double(x.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const auto hi = std::min(lo + 1, x.size() - 1);
+  return x[lo] + (pos - double(lo)) * (x[hi] - x[lo]);
+}
+
+json spread(const std::vector<double>& r) {
+  return {{"median", quantile(r, 0.5)},
+          {"min", *std::min_element(r.begin(), r.end())},
+          {"max", *std::max_element(r.begin(), r.end())},
+          {"q1", quantile(r, 0.25)},
+          {"q3", quantile(r, 0.75)},
+          {"samples", r}};
+}
+
+double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - double(ref[i]);
+    num += d * d;
+    den += double(ref[i]) * double(ref[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Peak RSS of this process (VmHWM of /proc/self/status). Not getrusage's ru_maxrss: after
+// fork + exec that also counts the parent's resident set at the time of the fork.
+double peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;  // kB
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) * 1024.0;
+}
+
+double rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  long total = 0, resident = 0;
+  f >> total >> resident;
+  return double(resident) * double(sysconf(_SC_PAGESIZE));
+}
+
+json machine() {
+  double load[3] = {0, 0, 0};
+  getloadavg(load, 3);
+  std::string model;
+  std::ifstream cpu("/proc/cpuinfo");
+  for (std::string line; std::getline(cpu, line);)
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  return {{"cpu", model},
+          {"hardware_threads", omp_get_num_procs()},
+          {"loadavg_1min_at_start", load[0]}};
+}
+
+json shape(const Options& o) {
+  return {{"B", o.B},
+          {"T", o.T},
+          {"Hk", o.Hk},
+          {"Hv", o.Hv},
+          {"Dk", o.Dk},
+          {"Dv", o.Dv},
+          {"gate", o.gate},
+          {"chunk", o.chunk},
+          {"direction", o.direction},
+          {"threads", o.threads},
+          {"seed", o.seed}};
+}
+
+int run_single(const Options& o) {
+  Problem p(o);
+  const gdr::Path path = parse_path(o.a);
+  const double baseline = rss_bytes();
+  time_once(p, o, path);  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < std::max(1, o.pairs); ++i) t.push_back(time_once(p, o, path));
+  const double peak = peak_rss_bytes();
+  const double med = quantile(t, 0.5);
+  json j = {{"program", "cpu_paths --mode single"},
+            {"path", o.a},
+            {"shape", shape(o)},
+            {"machine", machine()},
+            {"seconds", spread(t)},
+            {"gflops", o.flops() / med / 1e9},
+            {"gbytes_per_s", o.bytes() / med / 1e9},
+            {"peak_rss_bytes", peak},
+            {"baseline_rss_bytes", baseline},
+            {"peak_extra_bytes", std::max(0.0, peak - baseline)}};
+  std::printf(
+      "%s %s B=%lld T=%lld Hk=%lld Hv=%lld: median %.4f s (min %.4f max %.4f), "
+      "%.1f GFLOP/s, peak extra %.3f GB\n",
+      o.a.c_str(), o.direction.c_str(), (long long)o.B, (long long)o.T, (long long)o.Hk,
+      (long long)o.Hv, med, quantile(t, 0), quantile(t, 1), o.flops() / med / 1e9,
+      std::max(0.0, peak - baseline) / 1e9);
+  if (!o.json_path.empty()) std::ofstream(o.json_path) << j.dump(2) << "\n";
+  return 0;
+}
+
+int run_ab(const Options& o) {
+  Problem p(o);
+  const gdr::Path pa = parse_path(o.a), pb = parse_path(o.b);
+  // Outputs of both paths (compared once, not timed).
+  time_once(p, o, pb);
+  const std::vector<float> ob = p.o, dqb = p.dq, dkb = p.dk, dvb = p.dv, dgb = p.dg;
+  time_once(p, o, pa);
+  json err = {{"o", rel_error(p.o, ob)}};
+  if (o.backward()) {
+    err["dq"] = rel_error(p.dq, dqb);
+    err["dk"] = rel_error(p.dk, dkb);
+    err["dv"] = rel_error(p.dv, dvb);
+    err["dg"] = rel_error(p.dg, dgb);
+  }
+  // A/A calibration, then A/B in alternating order.
+  std::vector<double> aa, ab, ta, tb;
+  for (int i = 0; i < o.pairs; ++i) {
+    const double x = time_once(p, o, pa), y = time_once(p, o, pa);
+    aa.push_back(i % 2 == 0 ? x / y : y / x);
+  }
+  for (int i = 0; i < o.pairs; ++i) {
+    double x, y;
+    if (i % 2 == 0) {
+      x = time_once(p, o, pa);
+      y = time_once(p, o, pb);
+    } else {
+      y = time_once(p, o, pb);
+      x = time_once(p, o, pa);
+    }
+    ta.push_back(x);
+    tb.push_back(y);
+    ab.push_back(x / y);
+  }
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const double peak = gdr::bench::fma_peak_gflops(threads, 5'000'000);
+  const double ma = quantile(ta, 0.5), mb = quantile(tb, 0.5);
+  const bool aa_ok = *std::min_element(aa.begin(), aa.end()) <= 1.0 &&
+                     *std::max_element(aa.begin(), aa.end()) >= 1.0;
+  json j = {{"program", "cpu_paths --mode ab"},
+            {"a", o.a},
+            {"b", o.b},
+            {"shape", shape(o)},
+            {"machine", machine()},
+            {"flops", o.flops()},
+            {"bytes", o.bytes()},
+            {"fma_peak_gflops", peak},
+            {"aa_ratio", spread(aa)},
+            {"aa_includes_1", aa_ok},
+            {"ratio_a_over_b", spread(ab)},
+            {"seconds_a", spread(ta)},
+            {"seconds_b", spread(tb)},
+            {"gflops_a", o.flops() / ma / 1e9},
+            {"gflops_b", o.flops() / mb / 1e9},
+            {"fraction_of_fma_peak_b", peak > 0 ? o.flops() / mb / 1e9 / peak : 0.0},
+            {"rel_error_a_vs_b", err}};
+  std::printf("%s vs %s, %s, B=%lld T=%lld Hk=%lld Hv=%lld Dk=%lld Dv=%lld %s, %d threads\n",
+              o.a.c_str(), o.b.c_str(), o.direction.c_str(), (long long)o.B, (long long)o.T,
+              (long long)o.Hk, (long long)o.Hv, (long long)o.Dk, (long long)o.Dv, o.gate.c_str(),
+              threads);
+  std::printf("  A/A ratio   median %.3f  [min %.3f, max %.3f]  %s\n", quantile(aa, 0.5),
+              quantile(aa, 0), quantile(aa, 1),
+              aa_ok ? "includes 1" : "DOES NOT include 1: machine too noisy, ratio not trusted");
+  std::printf("  %-10s  median %.4f s  %7.1f GFLOP/s  %6.2f GB/s\n", o.a.c_str(), ma,
+              o.flops() / ma / 1e9, o.bytes() / ma / 1e9);
+  std::printf(
+      "  %-10s  median %.4f s  %7.1f GFLOP/s  %6.2f GB/s  (%.0f%% of the %.1f GFLOP/s "
+      "fp32 FMA peak)\n",
+      o.b.c_str(), mb, o.flops() / mb / 1e9, o.bytes() / mb / 1e9,
+      peak > 0 ? 100.0 * o.flops() / mb / 1e9 / peak : 0.0, peak);
+  std::printf("  A/B ratio time(%s)/time(%s)  median %.3f  [IQR %.3f-%.3f, min %.3f, max %.3f]\n",
+              o.a.c_str(), o.b.c_str(), quantile(ab, 0.5), quantile(ab, 0.25), quantile(ab, 0.75),
+              quantile(ab, 0), quantile(ab, 1));
+  std::printf("  rel error %s vs %s: %s\n", o.a.c_str(), o.b.c_str(), err.dump().c_str());
+  if (!o.json_path.empty()) std::ofstream(o.json_path) << j.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Compare two gdr CPU paths (A/A then A/B alternating pairs), or time one path"};
+  app.add_option("--a", o.a, "path A (sequential, chunkwise, reference, automatic)")
+      ->capture_default_str();
+  app.add_option("--b", o.b, "path B")->capture_default_str();
+  app.add_option("--direction", o.direction, "fwd or fwdbwd")->capture_default_str();
+  app.add_option("--mode", o.mode, "ab (compare a and b) or single (time a, peak memory)")
+      ->capture_default_str();
+  app.add_option("--B", o.B, "batch")->capture_default_str();
+  app.add_option("--T", o.T, "tokens")->capture_default_str();
+  app.add_option("--Hk", o.Hk, "key heads")->capture_default_str();
+  app.add_option("--Hv", o.Hv, "value heads")->capture_default_str();
+  app.add_option("--dk", o.Dk, "key head dim")->capture_default_str();
+  app.add_option("--dv", o.Dv, "value head dim")->capture_default_str();
+  app.add_option("--gate", o.gate, "scalar or per_key")->capture_default_str();
+  app.add_option("--threads", o.threads, "threads (0 = all)")->capture_default_str();
+  app.add_option("--chunk", o.chunk, "chunk size (and checkpoint interval)")->capture_default_str();
+  app.add_option("--pairs", o.pairs, "A/A and A/B pairs (single: timed runs)")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "input seed")->capture_default_str();
+  app.add_option("--json", o.json_path, "write the results as JSON");
+  CLI11_PARSE(app, argc, argv);
+  if (o.direction != "fwd" && o.direction != "fwdbwd") {
+    std::fprintf(stderr, "cpu_paths: --direction is %s; supported: fwd, fwdbwd\n",
+                 o.direction.c_str());
+    return 2;
+  }
+  try {
+    return o.mode == "single" ? run_single(o) : run_ab(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpu_paths: %s\n", e.what());
+    return 1;
+  }
+}
