@@ -9,10 +9,12 @@
 //        dA = -(dVb U^T + dKb W^T) .* strict_lower,  dP = scale (dO Vnew^T) .* lower
 //        dV = beta .* dVb,  dbeta = rowsum(dVb .* V + dKb .* e .* K + dA .* KKg)
 //        dQ += e .* X1,     dK += beta e .* dKb + d .* Y
-//        dG += e .* (X1 .* Q + beta .* dKb .* K) - d .* Y .* K,
-//        dG_n += sum_r d_r .* Y_r .* K_r + gn .* rowsum(S .* dS)
-//        pairwise terms of P (upstream dP) and KKg (upstream diag(beta) dA)
-//        dg = reverse cumsum of dG within the chunk
+//        dG += e .* (X1 .* Q + beta .* dKb .* K),  dG_n += gn .* rowsum(S .* dS)
+//        dg = reverse cumsum of dG within the chunk, plus terms added to dg_t directly:
+//          sum_{r < t} d_r .* Y_r .* K_r  (SPEC's -d_r x_r at r and +sum_r d_r x_r at n, after
+//          the cumsum) and the pairwise terms of P (upstream dP) and KKg (upstream diag(beta) dA)
+//          as sum_{r >= t} sum_{j < t} t[r, j] (chunkwise_common.h): no O(1) terms that cancel
+//          only in exact arithmetic, so dg keeps its relative accuracy under extreme decay
 //      (row dots over Dk for scalar gates, elementwise products for per-key gates).
 //   dh0 is the dS that leaves the first chunk. dQ, dK are summed over the value heads sharing
 //   the key head; when a group is split over several items their partial sums are added after.
@@ -137,6 +139,7 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   dbeta = dvb.cwiseProduct(V).rowwise().sum() +
           dA.cwiseProduct(w.KKg.topLeftCorner(n, n)).rowwise().sum();
   auto dG = w.dG.topRows(n);
+  auto dgd = w.dgd.topRows(n);
   auto dq = w.dq_acc.topRows(n);
   auto dk = w.dk_acc.topRows(n);
   if constexpr (!PerKey) {
@@ -147,9 +150,14 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
     dkb_k = dkb.cwiseProduct(K).rowwise().sum();
     y_k = y.cwiseProduct(K).rowwise().sum();
     dbeta += e.cwiseProduct(dkb_k);
-    dG.col(0) = e.cwiseProduct(x1.cwiseProduct(Q).rowwise().sum() + beta.cwiseProduct(dkb_k)) -
-                d.cwiseProduct(y_k);
-    dG(n - 1, 0) += d.dot(y_k) + gate_n(0);
+    dG.col(0) = e.cwiseProduct(x1.cwiseProduct(Q).rowwise().sum() + beta.cwiseProduct(dkb_k));
+    dG(n - 1, 0) += gate_n(0);
+    // dgd_t = sum_{r < t} d_r y_k_r.
+    Real acc = 0;
+    for (int t = 0; t < n; ++t) {
+      dgd(t, 0) = acc;
+      acc += d(t) * y_k(t);
+    }
     dq.noalias() += e.asDiagonal() * x1;
     dk.noalias() += beta.cwiseProduct(e).asDiagonal() * dkb;
     dk.noalias() += d.asDiagonal() * y;
@@ -162,9 +170,12 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
     edk = e.cwiseProduct(dkb);
     dy = d.cwiseProduct(y);
     dbeta += edk.cwiseProduct(K).rowwise().sum();
-    dG = e.cwiseProduct(x1.cwiseProduct(Q)) + beta.asDiagonal() * edk.cwiseProduct(K) -
-         dy.cwiseProduct(K);
-    dG.row(n - 1) += dy.cwiseProduct(K).colwise().sum() + gate_n;
+    dG = e.cwiseProduct(x1.cwiseProduct(Q)) + beta.asDiagonal() * edk.cwiseProduct(K);
+    dG.row(n - 1) += gate_n;
+    // dgd_t = sum_{r < t} d_r .* Y_r .* K_r.
+    dgd.row(0).setZero();
+    for (int t = 1; t < n; ++t)
+      dgd.row(t) = dgd.row(t - 1) + dy.row(t - 1).cwiseProduct(K.row(t - 1));
     dq += e.cwiseProduct(x1);
     dk.noalias() += beta.asDiagonal() * edk;
     dk += dy;
@@ -174,13 +185,13 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   chunkwise::pairwise_backward<Real, PerKey>(w, n);
   dq += w.dxq.topRows(n);
   dk += w.dxk.topRows(n) + w.dyk.topRows(n);
-  // dg = reverse cumsum of dG.
+  // dg = reverse cumsum of dG + dgd.
   auto dg = w.g.topRows(n);
   for (int i = 0; i < w.Wg; ++i) {
     double acc = 0.0;
     for (int r = n - 1; r >= 0; --r) {
       acc += static_cast<double>(dG(r, i));
-      dg(r, i) = static_cast<Real>(acc);
+      dg(r, i) = static_cast<Real>(acc + static_cast<double>(dgd(r, i)));
     }
   }
 }

@@ -97,6 +97,8 @@ Workspace<Real>::Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, 
     dxk.resize(C, Dk);
     dyk.resize(C, Dk);
     dG.resize(C, Wg);
+    dgd.resize(C, Wg);
+    if (per_key) pk_acc.resize(2, Dk);
     dq_acc.resize(C, Dk);
     dk_acc.resize(C, Dk);
     dS.resize(S.size());
@@ -104,6 +106,7 @@ Workspace<Real>::Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, 
     gate_n.resize(1, Wg);
     t1.resize(C);
     t2.resize(C);
+    cs.resize(C);
   }
 }
 
@@ -247,7 +250,20 @@ void pairwise_backward(Workspace<Real>& w, int n) {
   auto dxq = w.dxq.topRows(n);
   auto dxk = w.dxk.topRows(n);
   auto dyk = w.dyk.topRows(n);
+  auto dgd = w.dgd.topRows(n);
   if constexpr (!PerKey) {
+    // Gate terms: t = dMq .* P + dMk .* KKg (Gam and X Y^T already in P, KKg), r > j only.
+    // Rows from the bottom: cs[j] = sum_{r' >= r} t[r', j], then dg_r += sum_{j < r} cs[j].
+    auto P = w.P.topLeftCorner(n, n);
+    auto KKg = w.KKg.topLeftCorner(n, n);
+    auto cs = w.cs.head(n);
+    cs.setZero();
+    for (int r = n - 1; r >= 1; --r) {
+      cs.head(r) += (dMq.row(r).head(r).cwiseProduct(P.row(r).head(r)) +
+                     dMk.row(r).head(r).cwiseProduct(KKg.row(r).head(r)))
+                        .transpose();
+      dgd(r, 0) += cs.head(r).sum();
+    }
     // N = dM .* Gam:  dX = N Y,  dY = N^T X.
     auto gam = w.gam.topLeftCorner(n, n);
     dMq = dMq.cwiseProduct(gam);
@@ -256,9 +272,15 @@ void pairwise_backward(Workspace<Real>& w, int n) {
     dxk.noalias() = dMk * K;
     dyk.noalias() = dMq.transpose() * Q;
     dyk.noalias() += dMk.transpose() * K;
-    w.dG.col(0).head(n) +=
-        Q.cwiseProduct(dxq).rowwise().sum() + K.cwiseProduct(dxk - dyk).rowwise().sum();
   } else {
+    // Per channel i, t_i[r, j] = (dMq[r, j] Q[r, i] + dMk[r, j] K[r, i]) K[j, i] exp(G_r[i] -
+    // G_j[i]). Off-diagonal blocks (r in [r0, r1), j < r0, ratio rf_r .* cf_j): a pair reaches
+    // dg_t for j < t <= r, so the block adds
+    //   t <= r0:      sum_{j < t} colb_j,          colb_j = K_j .* cf_j .* (dM^T (X .* rf))_j
+    //   r0 < t < r1:  sum_{r >= t} rowb_r,         rowb_r = (X .* rf)_r .* (dM (K .* cf))_r
+    // Diagonal blocks: per row r a running sum over j of t[r, j], added to dg_{j+1} (j < r).
+    auto acc = w.pk_acc.row(0);
+    auto z = w.pk_acc.row(1);
     dxq.setZero();
     dxk.setZero();
     dyk.setZero();
@@ -272,10 +294,21 @@ void pairwise_backward(Workspace<Real>& w, int n) {
       yc = K.topRows(r0).cwiseProduct(cf);
       dxq.middleRows(r0, m).noalias() = dMq.block(r0, 0, m, r0) * yc;
       dxk.middleRows(r0, m).noalias() = dMk.block(r0, 0, m, r0) * yc;
+      acc.setZero();
+      for (int r = r0 + m - 1; r > r0; --r) {
+        acc += w.xq.row(r).cwiseProduct(dxq.row(r)) + w.xk.row(r).cwiseProduct(dxk.row(r));
+        dgd.row(r) += acc;
+      }
       // dY[j] += cf_j .* (sum_r dM[r, j] X_r .* rf_r), r in the block.
       yc.noalias() = dMq.block(r0, 0, m, r0).transpose() * w.xq.middleRows(r0, m);
       yc.noalias() += dMk.block(r0, 0, m, r0).transpose() * w.xk.middleRows(r0, m);
-      dyk.topRows(r0) += yc.cwiseProduct(cf);
+      yc = yc.cwiseProduct(cf);
+      dyk.topRows(r0) += yc;
+      acc.setZero();
+      for (int j = 0; j < r0; ++j) {
+        acc += K.row(j).cwiseProduct(yc.row(j));
+        dgd.row(j + 1) += acc;
+      }
     }
     dxq = dxq.cwiseProduct(w.rf.topRows(n));
     dxk = dxk.cwiseProduct(w.rf.topRows(n));
@@ -291,12 +324,17 @@ void pairwise_backward(Workspace<Real>& w, int n) {
         EK = E.cwiseProduct(K.middleRows(r0, len));
         dxq.row(r).noalias() += dMq.row(r).segment(r0, len) * EK;
         dxk.row(r).noalias() += dMk.row(r).segment(r0, len) * EK;
-        for (int j = 0; j < len; ++j)
-          dyk.row(r0 + j).array() +=
-              E.row(j).array() * (dMq(r, r0 + j) * Q.row(r) + dMk(r, r0 + j) * K.row(r)).array();
+        acc.setZero();
+        for (int j = 0; j < len; ++j) {
+          z = E.row(j).cwiseProduct(dMq(r, r0 + j) * Q.row(r) + dMk(r, r0 + j) * K.row(r));
+          dyk.row(r0 + j) += z;
+          if (j + 1 < len) {  // t[r, j] = z .* K_j reaches dg_t for j < t <= r
+            acc += z.cwiseProduct(K.row(r0 + j));
+            dgd.row(r0 + j + 1) += acc;
+          }
+        }
       }
     }
-    w.dG.topRows(n) += Q.cwiseProduct(dxq) + K.cwiseProduct(dxk - dyk);
   }
 }
 

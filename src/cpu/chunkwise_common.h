@@ -100,10 +100,12 @@ struct Workspace {
   Mat<Real> dkb;                    // [C, Dk]
   Mat<Real> dA, dP;                 // [C, C]
   Mat<Real> dxq, dxk, dyk;          // [C, Dk]
-  Mat<Real> dG;                     // [C, Wg]
+  Mat<Real> dG;                     // [C, Wg] gate terms summed by the reverse cumsum
+  Mat<Real> dgd;                    // [C, Wg] gate terms added to dg_t directly
+  Mat<Real> pk_acc;                 // per key: [2, Dk] running sums
   Mat<Real> dq_acc, dk_acc;         // [C, Dk] summed over the item's value heads
   Mat<Real> gate_n;                 // [1, Wg] exp(G_n) <S, dS> (per channel)
-  Vec<Real> t1, t2;                 // [C] row dots
+  Vec<Real> t1, t2, cs;             // [C] row dots, column suffix sums
   std::vector<Real> S, dS, states;  // [R, Dk, Dv], [R, Dk, Dv], [R, chunks, Dk, Dv]
   std::vector<double> gate_part;    // [1 + Wg] dA_log, ddt_bias contributions of one chunk
 
@@ -125,8 +127,14 @@ void solve_chunk(Workspace<Real>& w, int n, bool with_q);
 
 // Backward of the pairwise products (after gated_products of the same chunk and head, whose
 // ratios it reuses): given upstream w.dP (for P) and w.dA already scaled by
-// beta (for KKg), writes w.dxq (to dQ), w.dxk + w.dyk (to dK) and adds their gate terms
-// Q .* dxq + K .* (dxk - dyk) (summed over Dk for scalar gates) to w.dG.
+// beta (for KKg), writes w.dxq (to dQ), w.dxk + w.dyk (to dK) and adds the gate terms to
+// w.dgd, straight into dg (no reverse cumsum). With t[r, j] = dM[r, j] Gam[r, j] X_r . Y_j
+// (per channel i for per-key gates), SPEC Section 4's dG_r += sum_j t[r, j], dG_j -= sum_r
+// t[r, j] followed by the reverse cumsum is, exactly,
+//   dg_t += sum_{r >= t} sum_{j < t} t[r, j]
+// (the diagonal r = j and the pairs with j >= t cancel). Formed this way there is nothing to
+// cancel in fp32: under extreme decay every t[r, j], r > j, is ~exp(-30) and dg keeps its
+// relative accuracy.
 template <class Real, bool PerKey>
 void pairwise_backward(Workspace<Real>& w, int n);
 
