@@ -12,6 +12,23 @@
 // RSS of this process minus its RSS once inputs and outputs are allocated); run it in a fresh
 // process per configuration (bench/cpu_compare.py does).
 //
+// --mode products: the rate inside the chunkwise path's matrix products, in a build configured
+// with -DGDR_PROFILE_PRODUCTS=ON (src/cpu/product_profile.h; other builds refuse this mode).
+// Every Eigen product of src/cpu/chunkwise_*.cpp is timed (steady_clock before and after, on
+// the thread that runs it) and counted as 2 m n k flops for its [m, k] x [k, n] shape as
+// executed (the zero triangles of the [n, n] operands included; the forward substitution of
+// Tinv as sum_r 2 r^2), into per-thread, per-site counters. After a warm-up, `pairs` calls of
+// the chunkwise path (forward, or forward + backward) run with the counters on. Reported per
+// thread t: flops F_t, seconds inside products s_t, the rate F_t / s_t and s_t / wall time;
+// in total: sum_t F_t / s_t (the machine's rate while every thread is inside a product; the
+// threads run the same kind of work side by side), and per site: calls, flops, rate. The
+// fp32 FMA peak is measured in the same run (bench/fma_peak.h: 12 independent 8-wide AVX2
+// FMA chains per thread, no memory traffic, best of 3, with all threads at once and with one),
+// before and after the timed calls; the larger is the peak quoted. A thread's product rate is
+// compared with its share of the all-thread peak (peak / threads) and the total with the
+// all-thread peak. The cost of the timer itself (two clock reads and one add per product) is
+// measured after and reported as a fraction of the product time.
+//
 // Work model (PERF.md), per token and value head, chunk C: forward 6 Dk Dv + C (6 Dk + 4 Dv)
 // flops; forward + backward counted as 3x forward. Bytes: q, k, v, g, beta read and o written
 // once (fp32); the backward adds dout read, the inputs read again and dq, dk, dv, dg, dbeta
@@ -32,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/product_profile.h"
 #include "fma_peak.h"
 #include "gdr/gdr.h"
 
@@ -254,6 +272,134 @@ int run_single(const Options& o) {
   return 0;
 }
 
+int run_products(const Options& o) {
+  namespace prof = gdr::cpu::profile;
+  if (!prof::kEnabled) {
+    std::fprintf(stderr,
+                 "cpu_paths: --mode products needs a build configured with "
+                 "-DGDR_PROFILE_PRODUCTS=ON (e.g. cmake --preset cpu -B build/prof "
+                 "-DGDR_PROFILE_PRODUCTS=ON)\n");
+    return 2;
+  }
+  if (o.a != "chunkwise") {
+    std::fprintf(stderr, "cpu_paths: --mode products profiles --a chunkwise only\n");
+    return 2;
+  }
+  Problem p(o);
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  double load[3] = {0, 0, 0};
+  time_once(p, o, gdr::Path::chunkwise);  // warm-up
+  const double peak_before = gdr::bench::fma_peak_gflops(threads);
+  const double peak1 = gdr::bench::fma_peak_gflops(1);
+  prof::reset();
+  std::vector<double> t;
+  for (int i = 0; i < std::max(1, o.pairs); ++i) t.push_back(time_once(p, o, gdr::Path::chunkwise));
+  const std::vector<prof::ThreadCounters> snap = prof::snapshot(threads);
+  const double peak_after = gdr::bench::fma_peak_gflops(threads);
+  const double peak = std::max(peak_before, peak_after);
+  getloadavg(load, 3);
+  double wall = 0;
+  for (double x : t) wall += x;
+  // Cost of one timed product's bookkeeping (now() before, add() after), on this thread.
+  prof::reset();
+  const int probes = 200000;
+  const double c0 = prof::now();
+  for (int i = 0; i < probes; ++i) prof::add(prof::Site::fwd_qk_kk, prof::now(), 0.0);
+  const double per_call = (prof::now() - c0) / probes;
+  prof::reset();
+
+  // Per thread and per site.
+  std::int64_t calls = 0;
+  double total_rate = 0, all_flops = 0, all_secs = 0;
+  json per_thread = json::array(), per_site = json::array();
+  std::printf(
+      "chunkwise %s, B=%lld T=%lld Hk=%lld Hv=%lld Dk=%lld Dv=%lld %s, C=%d, %d threads, "
+      "%d calls, wall %.4f s (median call %.4f s)\n",
+      o.direction.c_str(), (long long)o.B, (long long)o.T, (long long)o.Hk, (long long)o.Hv,
+      (long long)o.Dk, (long long)o.Dv, o.gate.c_str(), o.chunk, threads, (int)t.size(), wall,
+      quantile(t, 0.5));
+  std::printf(
+      "fp32 FMA peak (same run): %.1f GFLOP/s with %d threads (before %.1f, after %.1f), "
+      "%.1f with 1 thread; load average %.2f\n",
+      peak, threads, peak_before, peak_after, peak1, load[0]);
+  std::printf("%-8s %12s %10s %8s %14s %14s\n", "thread", "GFLOP", "s in prod", "% wall",
+              "GFLOP/s prod", "% of peak/thr");
+  for (std::size_t th = 0; th < snap.size(); ++th) {
+    double f = 0, s = 0;
+    for (const prof::Counter& c : snap[th]) {
+      f += c.flops;
+      s += c.seconds;
+      calls += c.calls;
+    }
+    const double rate = s > 0 ? f / s / 1e9 : 0.0;
+    total_rate += rate;
+    all_flops += f;
+    all_secs += s;
+    per_thread.push_back({{"thread", th},
+                          {"flops", f},
+                          {"seconds_in_products", s},
+                          {"fraction_of_wall", s / wall},
+                          {"gflops_in_products", rate},
+                          {"fraction_of_peak_share", peak > 0 ? rate / (peak / threads) : 0.0}});
+    std::printf("%-8zu %12.2f %10.4f %7.1f%% %14.1f %13.0f%%\n", th, f / 1e9, s, 100 * s / wall,
+                rate, peak > 0 ? 100 * rate / (peak / threads) : 0.0);
+  }
+  std::printf(
+      "%-8s %12.2f %10s %8s %14.1f %13.0f%%  (sum of the threads' rates vs the "
+      "%d-thread peak)\n",
+      "total", all_flops / 1e9, "", "", total_rate, peak > 0 ? 100 * total_rate / peak : 0.0,
+      threads);
+  std::printf(
+      "whole path: %.1f GFLOP/s of executed product flops over wall time; work model %.1f "
+      "GFLOP/s (executed product flops / work model flops = %.2f)\n",
+      all_flops / wall / 1e9, o.flops() * t.size() / wall / 1e9,
+      all_flops / (o.flops() * t.size()));
+  std::printf("timer cost %.1f ns per product, %lld products: %.1f%% of the product time\n",
+              per_call * 1e9, (long long)calls, 100 * per_call * calls / std::max(all_secs, 1e-12));
+  std::printf("\n%-42s %9s %10s %9s %8s %10s\n", "site (per thread-second)", "calls", "GFLOP", "s",
+              "% prod", "GFLOP/s");
+  for (int si = 0; si < prof::kSites; ++si) {
+    prof::Counter c;
+    for (const auto& th : snap) {
+      c.flops += th[si].flops;
+      c.seconds += th[si].seconds;
+      c.calls += th[si].calls;
+    }
+    if (c.calls == 0) continue;
+    const char* name = prof::site_name(static_cast<prof::Site>(si));
+    per_site.push_back({{"site", name},
+                        {"calls", c.calls},
+                        {"flops", c.flops},
+                        {"thread_seconds", c.seconds},
+                        {"gflops_per_thread", c.flops / c.seconds / 1e9}});
+    std::printf("%-42s %9lld %10.2f %9.4f %7.1f%% %10.1f\n", name, (long long)c.calls,
+                c.flops / 1e9, c.seconds, 100 * c.seconds / all_secs, c.flops / c.seconds / 1e9);
+  }
+  json j = {{"program", "cpu_paths --mode products"},
+            {"path", "chunkwise"},
+            {"shape", shape(o)},
+            {"machine", machine()},
+            {"loadavg_1min_at_end", load[0]},
+            {"threads", threads},
+            {"calls", t.size()},
+            {"seconds", spread(t)},
+            {"fma_peak_gflops", peak},
+            {"fma_peak_gflops_before", peak_before},
+            {"fma_peak_gflops_after", peak_after},
+            {"fma_peak_gflops_1thread", peak1},
+            {"product_flops", all_flops},
+            {"product_thread_seconds", all_secs},
+            {"gflops_in_products_total", total_rate},
+            {"fraction_of_fma_peak", peak > 0 ? total_rate / peak : 0.0},
+            {"work_model_flops_per_call", o.flops()},
+            {"timer_seconds_per_product", per_call},
+            {"products", calls},
+            {"per_thread", per_thread},
+            {"per_site", per_site}};
+  if (!o.json_path.empty()) std::ofstream(o.json_path) << j.dump(2) << "\n";
+  return 0;
+}
+
 int run_ab(const Options& o) {
   Problem p(o);
   const gdr::Path pa = parse_path(o.a), pb = parse_path(o.b);
@@ -340,7 +486,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--b", o.b, "path B")->capture_default_str();
   app.add_option("--direction", o.direction, "fwd or fwdbwd")->capture_default_str();
-  app.add_option("--mode", o.mode, "ab (compare a and b) or single (time a, peak memory)")
+  app.add_option("--mode", o.mode,
+                 "ab (compare a and b), single (time a, peak memory) or products (rate inside "
+                 "the chunkwise products; needs -DGDR_PROFILE_PRODUCTS=ON)")
       ->capture_default_str();
   app.add_option("--B", o.B, "batch")->capture_default_str();
   app.add_option("--T", o.T, "tokens")->capture_default_str();
@@ -362,6 +510,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (o.mode == "products") return run_products(o);
     return o.mode == "single" ? run_single(o) : run_ab(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cpu_paths: %s\n", e.what());

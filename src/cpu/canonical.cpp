@@ -8,6 +8,8 @@
 //   beta sigmoid:  beta = sigmoid(b),  dbeta/db = beta (1 - beta)
 // Element-wise option math runs in double whatever Real is. Masked positions load as zeros
 // (q_hat, k_hat, v, g_log, beta, dO), store as zeros, and add nothing to dA_log / ddt_bias.
+// Rows with unit stride in fp32 / f64 are copied by plain contiguous loops (vectorised), and
+// the double scratch rows live in per-thread buffers that grow once (no allocation per call).
 #include "cpu/canonical.h"
 
 #include <Eigen/Core>
@@ -27,19 +29,40 @@ void read_run(const void* base, i64 off, i64 n, i64 step, Real* dst) {
   for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Real>(static_cast<float>(p[i * step]));
 }
 
+// dst[i] = Real(src[i * step]), i < n; step 1 as its own contiguous loop.
+template <class Real, class Elem>
+inline void copy_run(const Elem* __restrict src, i64 n, i64 step, Real* __restrict dst) {
+  if (step == 1) {
+    for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Real>(src[i]);
+  } else {
+    for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Real>(src[i * step]);
+  }
+}
+
+// dst[i * step] = Elem(src[i]), i < n; step 1 as its own contiguous loop.
+template <class Elem, class Real>
+inline void store_run(const Real* __restrict src, i64 n, i64 step, Elem* __restrict dst) {
+  if (step == 1) {
+    for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Elem>(src[i]);
+  } else {
+    for (i64 i = 0; i < n; ++i) dst[i * step] = static_cast<Elem>(src[i]);
+  }
+}
+
+// Per-thread scratch of at least n doubles (slot 0..4; a caller and its callees use different
+// slots), kept between calls.
+double* scratch(int slot, i64 n) {
+  thread_local std::vector<double> buf[5];
+  std::vector<double>& b = buf[slot];
+  if (static_cast<i64>(b.size()) < n) b.resize(static_cast<std::size_t>(n));
+  return b.data();
+}
+
 template <class Real>
 void read_row(const TensorView& t, i64 off, i64 n, i64 step, Real* dst) {
   switch (t.dtype) {
-    case DType::f32: {
-      const float* p = static_cast<const float*>(t.data) + off;
-      for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Real>(p[i * step]);
-      return;
-    }
-    case DType::f64: {
-      const double* p = static_cast<const double*>(t.data) + off;
-      for (i64 i = 0; i < n; ++i) dst[i] = static_cast<Real>(p[i * step]);
-      return;
-    }
+    case DType::f32: copy_run(static_cast<const float*>(t.data) + off, n, step, dst); return;
+    case DType::f64: copy_run(static_cast<const double*>(t.data) + off, n, step, dst); return;
     case DType::f16: read_run<Real, Eigen::half>(t.data, off, n, step, dst); return;
     case DType::bf16: read_run<Real, Eigen::bfloat16>(t.data, off, n, step, dst); return;
     default: break;
@@ -50,16 +73,8 @@ void read_row(const TensorView& t, i64 off, i64 n, i64 step, Real* dst) {
 template <class Real>
 void write_row(const TensorView& t, i64 off, i64 n, i64 step, const Real* src) {
   switch (t.dtype) {
-    case DType::f32: {
-      float* p = static_cast<float*>(t.data) + off;
-      for (i64 i = 0; i < n; ++i) p[i * step] = static_cast<float>(src[i]);
-      return;
-    }
-    case DType::f64: {
-      double* p = static_cast<double*>(t.data) + off;
-      for (i64 i = 0; i < n; ++i) p[i * step] = static_cast<double>(src[i]);
-      return;
-    }
+    case DType::f32: store_run(src, n, step, static_cast<float*>(t.data) + off); return;
+    case DType::f64: store_run(src, n, step, static_cast<double*>(t.data) + off); return;
     case DType::f16: {
       Eigen::half* p = static_cast<Eigen::half*>(t.data) + off;
       for (i64 i = 0; i < n; ++i) p[i * step] = Eigen::half(static_cast<float>(src[i]));
@@ -81,8 +96,9 @@ double read_one(const TensorView& t, i64 off) {
 }
 
 void write_zero_row(const TensorView& t, i64 off, i64 n, i64 step) {
-  const double z = 0.0;
-  for (i64 i = 0; i < n; ++i) write_row<double>(t, off + i * step, 1, 1, &z);
+  double* z = scratch(4, n);
+  for (i64 i = 0; i < n; ++i) z[i] = 0.0;
+  write_row<double>(t, off, n, step, z);
 }
 
 // Offset of element [b, t, h, 0] of a [B, T, H, D] tensor (or [b, t, h] of a rank-3 one).
@@ -111,7 +127,7 @@ double sigmoid(double x) {
 template <class Real>
 void load_heads(const Inputs& in, const TensorView& x, const SequenceSpan& seq, i64 h, i64 D,
                 bool norm, double eps, Real* dst) {
-  std::vector<double> row(static_cast<std::size_t>(D));
+  double* row = norm ? scratch(0, D) : nullptr;
   for (i64 t = 0; t < seq.len; ++t) {
     Real* out = dst + t * D;
     if (!live(in, seq, t)) {
@@ -123,7 +139,7 @@ void load_heads(const Inputs& in, const TensorView& x, const SequenceSpan& seq, 
       read_row<Real>(x, off, D, x.stride[3], out);
       continue;
     }
-    read_row<double>(x, off, D, x.stride[3], row.data());
+    read_row<double>(x, off, D, x.stride[3], row);
     double ss = 0;
     for (i64 i = 0; i < D; ++i) ss += row[i] * row[i];
     const double inv = 1.0 / std::sqrt(ss + eps);
@@ -135,7 +151,8 @@ void load_heads(const Inputs& in, const TensorView& x, const SequenceSpan& seq, 
 template <class Real>
 void store_head_grads(const Inputs& in, const TensorView& x, const SequenceSpan& seq, i64 h, i64 D,
                       bool norm, double eps, const Real* dx_hat, const TensorView& dx) {
-  std::vector<double> row(static_cast<std::size_t>(D)), grad(static_cast<std::size_t>(D));
+  double* row = norm ? scratch(0, D) : nullptr;
+  double* grad = norm ? scratch(1, D) : nullptr;
   for (i64 t = 0; t < seq.len; ++t) {
     const i64 off = off_bth(dx, seq.b, seq.t0 + t, h);
     if (!live(in, seq, t)) {
@@ -147,14 +164,14 @@ void store_head_grads(const Inputs& in, const TensorView& x, const SequenceSpan&
       write_row<Real>(dx, off, D, dx.stride[3], gh);
       continue;
     }
-    read_row<double>(x, off_bth(x, seq.b, seq.t0 + t, h), D, x.stride[3], row.data());
+    read_row<double>(x, off_bth(x, seq.b, seq.t0 + t, h), D, x.stride[3], row);
     double ss = 0;
     for (i64 i = 0; i < D; ++i) ss += row[i] * row[i];
     const double r = std::sqrt(ss + eps);
     double dot = 0;  // <x_hat, dx_hat>
     for (i64 i = 0; i < D; ++i) dot += (row[i] / r) * static_cast<double>(gh[i]);
     for (i64 i = 0; i < D; ++i) grad[i] = (static_cast<double>(gh[i]) - (row[i] / r) * dot) / r;
-    write_row<double>(dx, off, D, dx.stride[3], grad.data());
+    write_row<double>(dx, off, D, dx.stride[3], grad);
   }
 }
 
@@ -195,15 +212,16 @@ template <class Real>
 void load_gates(const Problem& prob, const Inputs& in, const Options& opts, const SequenceSpan& seq,
                 std::int64_t hv, Real* g_log, Real* beta) {
   const i64 width = prob.gate == GateKind::per_key ? prob.Dk : 1;
-  std::vector<double> bias(static_cast<std::size_t>(width), 0.0), raw(width);
+  double* bias = scratch(0, width);
+  double* raw = scratch(1, width);
+  for (i64 i = 0; i < width; ++i) bias[i] = 0.0;
   double neg_A = 0.0;  // -exp(A_log[hv])
   if (opts.gate_in_kernel && g_log) {
     neg_A = -std::exp(read_one(in.A_log, hv * in.A_log.stride[0]));
     if (width == 1)
       bias[0] = read_one(in.dt_bias, hv * in.dt_bias.stride[0]);
     else
-      read_row<double>(in.dt_bias, hv * in.dt_bias.stride[0], width, in.dt_bias.stride[1],
-                       bias.data());
+      read_row<double>(in.dt_bias, hv * in.dt_bias.stride[0], width, in.dt_bias.stride[1], bias);
   }
   for (i64 t = 0; t < seq.len; ++t) {
     const bool ok = live(in, seq, t);
@@ -216,7 +234,7 @@ void load_gates(const Problem& prob, const Inputs& in, const Options& opts, cons
         if (width == 1)
           raw[0] = read_one(in.g, off);
         else
-          read_row<double>(in.g, off, width, in.g.stride[3], raw.data());
+          read_row<double>(in.g, off, width, in.g.stride[3], raw);
         for (i64 i = 0; i < width; ++i)
           gt[i] =
               static_cast<Real>(opts.gate_in_kernel ? neg_A * softplus(raw[i] + bias[i]) : raw[i]);
@@ -309,18 +327,20 @@ void store_gate_grads(const Problem& prob, const Inputs& in, const Options& opts
                       const Real* dbeta_eff, const TensorView& dg, const TensorView& dbeta,
                       double* dA_log_part, double* ddt_bias_part) {
   const i64 width = prob.gate == GateKind::per_key ? prob.Dk : 1;
-  std::vector<double> bias(static_cast<std::size_t>(width), 0.0), raw(width), out(width);
+  double* bias = scratch(0, width);
+  double* raw = scratch(1, width);
+  double* out = scratch(2, width);
+  double* ddt = scratch(3, width);
+  for (i64 i = 0; i < width; ++i) bias[i] = ddt[i] = 0.0;
   double neg_A = 0.0;
   if (opts.gate_in_kernel) {
     neg_A = -std::exp(read_one(in.A_log, hv * in.A_log.stride[0]));
     if (width == 1)
       bias[0] = read_one(in.dt_bias, hv * in.dt_bias.stride[0]);
     else
-      read_row<double>(in.dt_bias, hv * in.dt_bias.stride[0], width, in.dt_bias.stride[1],
-                       bias.data());
+      read_row<double>(in.dt_bias, hv * in.dt_bias.stride[0], width, in.dt_bias.stride[1], bias);
   }
   double dA = 0.0;
-  std::vector<double> ddt(static_cast<std::size_t>(width), 0.0);
   const bool want_params = opts.gate_in_kernel && (dA_log_part || ddt_bias_part);
   for (i64 t = 0; t < seq.len; ++t) {
     const bool ok = live(in, seq, t);
@@ -335,7 +355,7 @@ void store_gate_grads(const Problem& prob, const Inputs& in, const Options& opts
         if (width == 1)
           raw[0] = read_one(in.g, off);
         else
-          read_row<double>(in.g, off, width, in.g.stride[3], raw.data());
+          read_row<double>(in.g, off, width, in.g.stride[3], raw);
         for (i64 i = 0; i < width; ++i) {
           const double x = raw[i] + bias[i];
           const double up = static_cast<double>(gt[i]);
@@ -347,9 +367,9 @@ void store_gate_grads(const Problem& prob, const Inputs& in, const Options& opts
       if (dg.defined()) {
         const i64 doff = off_bth(dg, seq.b, seq.t0 + t, hv);
         if (width == 1)
-          write_row<double>(dg, doff, 1, 1, out.data());
+          write_row<double>(dg, doff, 1, 1, out);
         else
-          write_row<double>(dg, doff, width, dg.stride[3], out.data());
+          write_row<double>(dg, doff, width, dg.stride[3], out);
       }
     }
     if (dbeta_eff && dbeta.defined()) {

@@ -1,8 +1,11 @@
 // Chunkwise backward (SPEC Section 4). Per work item (sequence, key head, value heads):
 //   1. state pass: the forward recurrence over the chunks, keeping the state entering every
-//      chunk ([R, ceil(L / C), Dk, Dv] fp32, the only O(T) memory);
+//      chunk ([R, ceil(L / C), Dk, Dv] fp32) and the chunk's Tinv, W, U and Vnew = U - W S
+//      ([R, ceil(L / C), C^2 + C Dk + 2 C Dv]): the only O(T) memory, about 2.75 states per
+//      chunk at C = 64, Dk = Dv = 128;
 //   2. reverse pass carrying dS (dfinal_state or 0 at the end), per chunk and value head:
-//        recompute P, KKg, W, U, Vnew = U - W S
+//        recompute the gates, P and KKg (elementwise from Q K^T, K K^T); Tinv, W, U, Vnew
+//        from the state pass
 //        dVnew = scale P^T dO + (d .* K) dS,      Y = Vnew dS^T
 //        r2 = [scale dO ; -dVnew],  [X1 ; dW] = r2 S^T,  dS <- gn .* dS + [e .* Q ; W]^T r2
 //        dVb = Tinv^T dVnew,  dKb = Tinv^T dW
@@ -26,6 +29,7 @@
 #include "cpu/canonical.h"
 #include "cpu/chunkwise_common.h"
 #include "cpu/paths.h"
+#include "cpu/product_profile.h"
 #include "gdr/error.h"
 
 namespace gdr::cpu {
@@ -57,7 +61,9 @@ void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkI
     const SequenceSpan span{it.seq.b, it.seq.t0 + c0, n};
     load_keys<Real>(prob, p.in, p.opts, span, it.hk, nullptr, w.k.data());
     if constexpr (!PerKey)
-      w.kk.topLeftCorner(n, n).noalias() = w.k.topRows(n) * w.k.topRows(n).transpose();
+      GDR_PRODUCT_REGION(st_kk, profile::tri_flops(n, Dk, true),
+                         w.kk.topLeftCorner(n, n).template triangularView<Eigen::Lower>() =
+                             w.k.topRows(n) * w.k.topRows(n).transpose());
     for (i64 r = 0; r < heads; ++r) {
       const i64 hv = it.hv0 + r;
       MapMat<Real> S(w.S.data() + r * Dk * Dv, Dk, Dv);
@@ -69,21 +75,33 @@ void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkI
       chunkwise::solve_chunk<Real, PerKey>(w, n, false);
       auto vnew = w.vnew.topRows(n);
       vnew = w.u.topRows(n);
-      vnew.noalias() -= w.qw.middleRows(n, n) * S;
+      GDR_PRODUCT(st_W_S, n, Dv, Dk, vnew.noalias() -= w.qw.middleRows(n, n) * S);
+      // Keep Tinv, W, U, Vnew for the reverse pass.
+      Real* keep = w.solved.data() + (r * chunks + c) * w.solved_stride();
+      MapMat<Real>(keep, n, n) = w.Tinv.topLeftCorner(n, n);
+      MapMat<Real>(keep + C * C, n, Dk) = w.qw.middleRows(n, n);
+      MapMat<Real>(keep + C * C + C * Dk, n, Dv) = w.u.topRows(n);
+      MapMat<Real>(keep + C * C + C * Dk + C * Dv, n, Dv) = vnew;
       chunkwise::decay_state<Real, PerKey>(w, S);
-      S.noalias() += w.kd.topRows(n).transpose() * vnew;
+      GDR_PRODUCT(st_S_update, Dk, Dv, n, S.noalias() += w.kd.topRows(n).transpose() * vnew);
     }
   }
 }
 
 // One chunk, one value head: dS (leaving the chunk) becomes dS entering it; adds to
-// w.dq_acc / w.dk_acc; leaves dV in w.dv, dg_log in w.g, dbeta in w.dbeta.
+// w.dq_acc / w.dk_acc; leaves dV in w.dv, dg_log in w.g, dbeta in w.dbeta. `solved`: the
+// chunk's Tinv, W, U, Vnew kept by the state pass (Workspace::solved_stride's layout).
 template <class Real, bool PerKey>
-void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S,
-                    MapMat<Real>& dS) {
+void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S, MapMat<Real>& dS,
+                    const Real* solved) {
+  const i64 C = w.C;
   chunkwise::prepare_gates<Real, PerKey>(w, n);
   chunkwise::gated_products<Real, PerKey>(w, n, true);
-  chunkwise::solve_chunk<Real, PerKey>(w, n, true);
+  chunkwise::decayed_rows<Real, PerKey>(w, n, true);
+  using CMap = Eigen::Map<const chunkwise::Mat<Real>>;
+  w.Tinv.topLeftCorner(n, n) = CMap(solved, n, n);
+  w.qw.middleRows(n, n) = CMap(solved + C * C, n, w.Dk);
+  w.u.topRows(n) = CMap(solved + C * C + C * w.Dk, n, w.Dv);
   auto Q = w.q.topRows(n);
   auto K = w.k.topRows(n);
   auto V = w.v.topRows(n);
@@ -92,17 +110,19 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   auto U = w.u.topRows(n);
   auto P = w.P.topLeftCorner(n, n);
   auto vnew = w.vnew.topRows(n);
-  vnew = U;
-  vnew.noalias() -= W * S;
+  [[maybe_unused]] const int Dk = w.Dk, Dv = w.Dv;             // product shapes (GDR_PRODUCT)
+  vnew = CMap(solved + C * C + C * w.Dk + C * w.Dv, n, w.Dv);  // U - W S
 
   // dVnew = scale P^T dO + (d .* K) dS;  Y = Vnew dS^T.
   auto dvb = w.dvb.topRows(n);
   auto r2 = w.r2.topRows(2 * n);
   r2.topRows(n) = scale * w.dout.topRows(n);
-  dvb.noalias() = w.kd.topRows(n) * dS;
-  dvb.noalias() += P.transpose() * r2.topRows(n);
+  GDR_PRODUCT(bwd_kd_dS, n, Dv, Dk, dvb.noalias() = w.kd.topRows(n) * dS);
+  GDR_PRODUCT_REGION(
+      bwd_Pt_dO, profile::tri_flops(n, Dv, true),
+      dvb.noalias() += P.transpose().template triangularView<Eigen::Upper>() * r2.topRows(n));
   auto y = w.y.topRows(n);
-  y.noalias() = vnew * dS.transpose();
+  GDR_PRODUCT(bwd_vnew_dSt, n, Dk, Dv, y.noalias() = vnew * dS.transpose());
   // exp(G_n) <S, dS> (per channel for per-key gates), before dS moves on.
   auto gate_n = w.gate_n.row(0);
   if constexpr (!PerKey) {
@@ -112,22 +132,27 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   }
   r2.bottomRows(n) = -dvb;
   auto x = w.x.topRows(2 * n);
-  x.noalias() = r2 * S.transpose();
+  GDR_PRODUCT(bwd_r2_St, 2 * n, Dk, Dv, x.noalias() = r2 * S.transpose());
   chunkwise::decay_state<Real, PerKey>(w, dS);
-  dS.noalias() += w.qw.topRows(2 * n).transpose() * r2;
+  GDR_PRODUCT(bwd_dS_update, Dk, Dv, 2 * n, dS.noalias() += w.qw.topRows(2 * n).transpose() * r2);
 
   // dVb = Tinv^T dVnew = -Tinv^T r2_bottom,  dKb = Tinv^T dW.
   auto Tit = w.Tinv.topLeftCorner(n, n).transpose();
   auto dkb = w.dkb.topRows(n);
   auto x1 = x.topRows(n);
-  dvb.noalias() = Real(-1) * Tit * r2.bottomRows(n);
-  dkb.noalias() = Tit * x.bottomRows(n);
+  GDR_PRODUCT_REGION(
+      bwd_Tinvt, profile::tri_flops(n, Dv + Dk, false),
+      dvb.noalias() = Tit.template triangularView<Eigen::UnitUpper>() * r2.bottomRows(n);
+      dkb.noalias() = Tit.template triangularView<Eigen::UnitUpper>() * x.bottomRows(n));
+  dvb = -dvb;
 
   auto dA = w.dA.topLeftCorner(n, n);
-  dA.noalias() = dvb * U.transpose();  // negated below
-  dA.noalias() += dkb * W.transpose();
   auto dP = w.dP.topLeftCorner(n, n);
-  dP.noalias() = r2.topRows(n) * vnew.transpose();
+  // Lower triangles only (the loop below zeroes the rest and negates dA).
+  GDR_PRODUCT_REGION(bwd_dA_dP, profile::tri_flops(n, Dv + Dk + Dv, true),
+                     dA.template triangularView<Eigen::Lower>() = dvb * U.transpose();
+                     dA.template triangularView<Eigen::Lower>() += dkb * W.transpose();
+                     dP.template triangularView<Eigen::Lower>() = r2.topRows(n) * vnew.transpose());
   for (int r = 0; r < n; ++r) {
     dA.row(r).head(r) = -dA.row(r).head(r);
     dA.row(r).tail(n - r).setZero();
@@ -203,6 +228,8 @@ void backward_item(const Problem& prob, const BackwardParams& p, int C, const Wo
   const i64 chunks = (L + C - 1) / C;
   const std::size_t need = static_cast<std::size_t>(heads * chunks * Dk * Dv);
   if (w.states.size() < need) w.states.resize(need);
+  const std::size_t need_solved = static_cast<std::size_t>(heads * chunks * w.solved_stride());
+  if (w.solved.size() < need_solved) w.solved.resize(need_solved);
   state_pass<Real, PerKey>(prob, p, C, it, w);
 
   const Real scale = static_cast<Real>(prob.scale);
@@ -214,8 +241,11 @@ void backward_item(const Problem& prob, const BackwardParams& p, int C, const Wo
     const SequenceSpan span{it.seq.b, it.seq.t0 + c0, n};
     load_keys<Real>(prob, p.in, p.opts, span, it.hk, w.q.data(), w.k.data());
     if constexpr (!PerKey) {
-      w.qk.topLeftCorner(n, n).noalias() = w.q.topRows(n) * w.k.topRows(n).transpose();
-      w.kk.topLeftCorner(n, n).noalias() = w.k.topRows(n) * w.k.topRows(n).transpose();
+      GDR_PRODUCT_REGION(bwd_qk_kk, 2 * profile::tri_flops(n, Dk, true),
+                         w.qk.topLeftCorner(n, n).template triangularView<Eigen::Lower>() =
+                             w.q.topRows(n) * w.k.topRows(n).transpose();
+                         w.kk.topLeftCorner(n, n).template triangularView<Eigen::Lower>() =
+                             w.k.topRows(n) * w.k.topRows(n).transpose());
     }
     w.dq_acc.topRows(n).setZero();
     w.dk_acc.topRows(n).setZero();
@@ -226,7 +256,8 @@ void backward_item(const Problem& prob, const BackwardParams& p, int C, const Wo
       load_values<Real>(prob, p.in, span, hv, w.v.data());
       load_gates<Real>(prob, p.in, p.opts, span, hv, w.g.data(), w.beta.data());
       load_dout<Real>(prob, p.in, span, hv, p.dout, w.dout.data());
-      chunk_backward<Real, PerKey>(w, n, scale, S, dS);
+      chunk_backward<Real, PerKey>(w, n, scale, S, dS,
+                                   w.solved.data() + (r * chunks + c) * w.solved_stride());
       store_value_grads<Real>(prob, p.in, span, hv, w.dv.data(), p.dv);
       double* part_a = nullptr;
       double* part_dt = nullptr;

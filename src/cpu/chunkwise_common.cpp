@@ -4,6 +4,8 @@
 
 #include <omp.h>
 
+#include "cpu/product_profile.h"
+
 namespace gdr::cpu::chunkwise {
 
 Plan make_plan(const Problem& prob, const Inputs& in, const ExecConfig& config) {
@@ -66,8 +68,8 @@ Workspace<Real>::Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, 
     xk.resize(C, Dk);
     yc.resize(C, Dk);
   } else {
-    qk.resize(C, C);
-    kk.resize(C, C);
+    qk.setZero(C, C);  // only lower triangles are ever written
+    kk.setZero(C, C);
     gam.resize(C, C);
   }
   P.resize(C, C);
@@ -189,8 +191,10 @@ void gated_products(Workspace<Real>& w, int n, bool with_q) {
         auto yc = w.yc.topRows(r0);
         yc = K.topRows(r0).cwiseProduct(w.cf.middleRows(cf_row, r0));
         cf_row += r0;
-        if (with_q) P.block(r0, 0, m, r0).noalias() = w.xq.middleRows(r0, m) * yc.transpose();
-        KKg.block(r0, 0, m, r0).noalias() = w.xk.middleRows(r0, m) * yc.transpose();
+        GDR_PRODUCT(
+            pk_offdiag, (with_q ? 2 : 1) * m, r0, w.Dk,
+            if (with_q) P.block(r0, 0, m, r0).noalias() = w.xq.middleRows(r0, m) * yc.transpose();
+            KKg.block(r0, 0, m, r0).noalias() = w.xk.middleRows(r0, m) * yc.transpose());
       }
       // Diagonal block, elementwise ratios exp(G_r - G_j), r0 <= j <= r (kept in w.ediag for
       // pairwise_backward).
@@ -204,8 +208,9 @@ void gated_products(Workspace<Real>& w, int n, bool with_q) {
         E = E.array().exp();
         auto EK = w.ediag_k.topRows(len);
         EK = E.cwiseProduct(K.middleRows(r0, len));
-        if (with_q) P.row(r).segment(r0, len).noalias() = Q.row(r) * EK.transpose();
-        KKg.row(r).segment(r0, len).noalias() = K.row(r) * EK.transpose();
+        GDR_PRODUCT(pk_diag_rows, with_q ? 2 : 1, len, w.Dk,
+                    if (with_q) P.row(r).segment(r0, len).noalias() = Q.row(r) * EK.transpose();
+                    KKg.row(r).segment(r0, len).noalias() = K.row(r) * EK.transpose());
       }
     }
   }
@@ -220,25 +225,39 @@ void solve_chunk(Workspace<Real>& w, int n, bool with_q) {
   // Tinv = (I + A)^{-1}, A strictly lower, by forward substitution row by row:
   //   Tinv[r, :r] = -A[r, :r] Tinv[:r, :r],  Tinv[r, r] = 1.
   auto Ti = w.Tinv.topLeftCorner(n, n);
-  for (int r = 0; r < n; ++r) {
-    if (r > 0) Ti.row(r).head(r).noalias() = Real(-1) * A.row(r).head(r) * Ti.topLeftCorner(r, r);
-    Ti(r, r) = Real(1);
-    Ti.row(r).tail(n - r - 1).setZero();
-  }
+  GDR_PRODUCT_REGION(
+      tinv_rows, 2.0 * (n - 1) * n * (2 * n - 1) / 6.0,  // sum_{r < n} 2 r^2
+      for (int r = 0; r < n; ++r) {
+        if (r > 0)
+          Ti.row(r).head(r).noalias() = Real(-1) * A.row(r).head(r) * Ti.topLeftCorner(r, r);
+        Ti(r, r) = Real(1);
+        Ti.row(r).tail(n - r - 1).setZero();
+      });
   auto kb = w.kb.topRows(n);
+  decayed_rows<Real, PerKey>(w, n, with_q);
   if constexpr (!PerKey) {
-    auto e = w.e.col(0).head(n);
-    if (with_q) w.qw.topRows(n).noalias() = e.asDiagonal() * w.q.topRows(n);
-    kb.noalias() = (beta.cwiseProduct(e)).asDiagonal() * K;
+    kb.noalias() = (beta.cwiseProduct(w.e.col(0).head(n))).asDiagonal() * K;
+  } else {
+    kb.noalias() = beta.asDiagonal() * K.cwiseProduct(w.e.topRows(n));
+  }
+  w.vb.topRows(n).noalias() = beta.asDiagonal() * w.v.topRows(n);
+  // W = Tinv diag(beta e) K,  U = Tinv diag(beta) V  (Tinv unit lower triangular).
+  GDR_PRODUCT_REGION(
+      tinv_W_U, profile::tri_flops(n, w.Dk + w.Dv, false),
+      w.qw.middleRows(n, n).noalias() = Ti.template triangularView<Eigen::UnitLower>() * kb;
+      w.u.topRows(n).noalias() = Ti.template triangularView<Eigen::UnitLower>() * w.vb.topRows(n));
+}
+
+template <class Real, bool PerKey>
+void decayed_rows(Workspace<Real>& w, int n, bool with_q) {
+  auto K = w.k.topRows(n);
+  if constexpr (!PerKey) {
+    if (with_q) w.qw.topRows(n).noalias() = w.e.col(0).head(n).asDiagonal() * w.q.topRows(n);
     w.kd.topRows(n).noalias() = w.d.col(0).head(n).asDiagonal() * K;
   } else {
     if (with_q) w.qw.topRows(n) = w.q.topRows(n).cwiseProduct(w.e.topRows(n));
-    kb.noalias() = beta.asDiagonal() * K.cwiseProduct(w.e.topRows(n));
     w.kd.topRows(n) = K.cwiseProduct(w.d.topRows(n));
   }
-  w.vb.topRows(n).noalias() = beta.asDiagonal() * w.v.topRows(n);
-  w.qw.middleRows(n, n).noalias() = Ti * kb;        // W = Tinv diag(beta e) K
-  w.u.topRows(n).noalias() = Ti * w.vb.topRows(n);  // U = Tinv diag(beta) V
 }
 
 template <class Real, bool PerKey>
@@ -268,10 +287,13 @@ void pairwise_backward(Workspace<Real>& w, int n) {
     auto gam = w.gam.topLeftCorner(n, n);
     dMq = dMq.cwiseProduct(gam);
     dMk = dMk.cwiseProduct(gam);
-    dxq.noalias() = dMq * K;
-    dxk.noalias() = dMk * K;
-    dyk.noalias() = dMq.transpose() * Q;
-    dyk.noalias() += dMk.transpose() * K;
+    // dMq lower (diagonal included), dMk strictly lower (zero diagonal: same result).
+    GDR_PRODUCT_REGION(
+        pair_bwd, 4 * profile::tri_flops(n, w.Dk, true),
+        dxq.noalias() = dMq.template triangularView<Eigen::Lower>() * K;
+        dxk.noalias() = dMk.template triangularView<Eigen::Lower>() * K;
+        dyk.noalias() = dMq.transpose().template triangularView<Eigen::Upper>() * Q;
+        dyk.noalias() += dMk.transpose().template triangularView<Eigen::Upper>() * K);
   } else {
     // Per channel i, t_i[r, j] = (dMq[r, j] Q[r, i] + dMk[r, j] K[r, i]) K[j, i] exp(G_r[i] -
     // G_j[i]). Off-diagonal blocks (r in [r0, r1), j < r0, ratio rf_r .* cf_j): a pair reaches
@@ -292,16 +314,18 @@ void pairwise_backward(Workspace<Real>& w, int n) {
       cf_row += r0;
       auto yc = w.yc.topRows(r0);
       yc = K.topRows(r0).cwiseProduct(cf);
-      dxq.middleRows(r0, m).noalias() = dMq.block(r0, 0, m, r0) * yc;
-      dxk.middleRows(r0, m).noalias() = dMk.block(r0, 0, m, r0) * yc;
+      GDR_PRODUCT(pk_offdiag, 2 * m, w.Dk, r0,
+                  dxq.middleRows(r0, m).noalias() = dMq.block(r0, 0, m, r0) * yc;
+                  dxk.middleRows(r0, m).noalias() = dMk.block(r0, 0, m, r0) * yc);
       acc.setZero();
       for (int r = r0 + m - 1; r > r0; --r) {
         acc += w.xq.row(r).cwiseProduct(dxq.row(r)) + w.xk.row(r).cwiseProduct(dxk.row(r));
         dgd.row(r) += acc;
       }
       // dY[j] += cf_j .* (sum_r dM[r, j] X_r .* rf_r), r in the block.
-      yc.noalias() = dMq.block(r0, 0, m, r0).transpose() * w.xq.middleRows(r0, m);
-      yc.noalias() += dMk.block(r0, 0, m, r0).transpose() * w.xk.middleRows(r0, m);
+      GDR_PRODUCT(pk_offdiag, 2 * r0, w.Dk, m,
+                  yc.noalias() = dMq.block(r0, 0, m, r0).transpose() * w.xq.middleRows(r0, m);
+                  yc.noalias() += dMk.block(r0, 0, m, r0).transpose() * w.xk.middleRows(r0, m));
       yc = yc.cwiseProduct(cf);
       dyk.topRows(r0) += yc;
       acc.setZero();
@@ -322,8 +346,9 @@ void pairwise_backward(Workspace<Real>& w, int n) {
         // dX_r += sum_j dM[r, j] E_j .* K_j;  dY_j += E_j .* (dMq[r, j] Q_r + dMk[r, j] K_r).
         auto EK = w.ediag_k.topRows(len);
         EK = E.cwiseProduct(K.middleRows(r0, len));
-        dxq.row(r).noalias() += dMq.row(r).segment(r0, len) * EK;
-        dxk.row(r).noalias() += dMk.row(r).segment(r0, len) * EK;
+        GDR_PRODUCT(pk_diag_rows, 2, w.Dk, len,
+                    dxq.row(r).noalias() += dMq.row(r).segment(r0, len) * EK;
+                    dxk.row(r).noalias() += dMk.row(r).segment(r0, len) * EK);
         acc.setZero();
         for (int j = 0; j < len; ++j) {
           z = E.row(j).cwiseProduct(dMq(r, r0 + j) * Q.row(r) + dMk(r, r0 + j) * K.row(r));
@@ -354,6 +379,7 @@ template struct Workspace<double>;
   template void prepare_gates<Real, PerKey>(Workspace<Real>&, int);        \
   template void gated_products<Real, PerKey>(Workspace<Real>&, int, bool); \
   template void solve_chunk<Real, PerKey>(Workspace<Real>&, int, bool);    \
+  template void decayed_rows<Real, PerKey>(Workspace<Real>&, int, bool);   \
   template void pairwise_backward<Real, PerKey>(Workspace<Real>&, int);    \
   template void decay_state<Real, PerKey>(const Workspace<Real>&, MapMat<Real>&);
 GDR_CHUNKWISE_INSTANTIATE(float, false)

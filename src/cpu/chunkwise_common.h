@@ -9,6 +9,9 @@
 //   G = cumsum(g) (double), e = exp(G), d = exp(G_n - G), gn = exp(G_n)        [n, Wg], [Wg]
 //   P   = lower(Gam .* (Q K^T))  (diagonal included)                            [n, n]
 //   KKg = Gam .* (K K^T)         (A = strict_lower(diag(beta) KKg))             [n, n]
+// Only lower triangles are used (KKg's upper part is 0): Q K^T and K K^T are formed on their
+// lower triangle only (qk, kk keep zeros above the diagonal), and the products with P, Tinv and
+// the backward's dP, dA go through Eigen's triangular views (about half the flops).
 //   Tinv = (I + A)^{-1} by forward substitution: Tinv[r, :r] = -A[r, :r] Tinv[:r, :r]  [n, n]
 //   qw  = [e .* Q ; W],  W = Tinv (beta e .* K)                                [2n, Dk]
 //   U   = Tinv (beta .* V)                                                      [n, Dv]
@@ -23,7 +26,9 @@
 //
 // Masked positions arrive from canonical.h as identity steps (g = 0, beta = 0, zero q, k, v),
 // so masks run in-chunk. Extra memory: the per-thread Workspace (O(C D + C^2), plus D^2 states
-// for the item's value heads) and, in the backward, the states entering each chunk.
+// for the item's value heads) and, in the backward, per chunk and value head of the item being
+// worked on: the state entering the chunk [Dk, Dv] and its Tinv, W, U, Vnew
+// ([C, C], [C, Dk], [C, Dv], [C, Dv]; kept from the state pass for the reverse pass).
 #pragma once
 
 #ifndef EIGEN_DONT_PARALLELIZE
@@ -75,7 +80,7 @@ template <class Real>
 struct Workspace {
   int C = 0, Dk = 0, Dv = 0, Wg = 0;
   Mat<Real> q, k;             // [C, Dk]
-  Mat<Real> qk, kk;           // [C, C] raw Q K^T, K K^T (scalar gate; shared by the group)
+  Mat<Real> qk, kk;           // [C, C] lower(Q K^T), lower(K K^T), 0 above (scalar gate; shared)
   Mat<Real> v, o, dout, dv;   // [C, Dv]
   Mat<Real> g;                // [C, Wg] log decay of the chunk
   Vec<Real> beta, dbeta;      // [C]
@@ -107,9 +112,15 @@ struct Workspace {
   Mat<Real> gate_n;                 // [1, Wg] exp(G_n) <S, dS> (per channel)
   Vec<Real> t1, t2, cs;             // [C] row dots, column suffix sums
   std::vector<Real> S, dS, states;  // [R, Dk, Dv], [R, Dk, Dv], [R, chunks, Dk, Dv]
+  std::vector<Real> solved;         // [R, chunks, solved_stride()]: Tinv, W, U, Vnew per chunk
   std::vector<double> gate_part;    // [1 + Wg] dA_log, ddt_bias contributions of one chunk
 
   Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, i64 heads, bool backward);
+
+  // One chunk's entry of `solved`: Tinv [C, C] at 0, W [C, Dk] at C^2, U [C, Dv] at
+  // C^2 + C Dk, Vnew [C, Dv] at C^2 + C Dk + C Dv (first n rows used, row-major, n columns
+  // for Tinv).
+  i64 solved_stride() const { return i64(C) * C + i64(C) * Dk + 2 * i64(C) * Dv; }
 };
 
 // Loads the chunk's gates into w.g / w.beta beforehand. Computes G, e, d, gn and the ratios
@@ -124,6 +135,10 @@ void gated_products(Workspace<Real>& w, int n, bool with_q);
 // A, Tinv = (I + A)^{-1}, qw = [e .* Q (when with_q) ; W], U, kd = d .* K.
 template <class Real, bool PerKey>
 void solve_chunk(Workspace<Real>& w, int n, bool with_q);
+
+// The decayed rows alone: qw's top rows e .* Q (when with_q) and kd = d .* K.
+template <class Real, bool PerKey>
+void decayed_rows(Workspace<Real>& w, int n, bool with_q);
 
 // Backward of the pairwise products (after gated_products of the same chunk and head, whose
 // ratios it reuses): given upstream w.dP (for P) and w.dA already scaled by

@@ -10,6 +10,7 @@
 #include "cpu/canonical.h"
 #include "cpu/chunkwise_common.h"
 #include "cpu/paths.h"
+#include "cpu/product_profile.h"
 #include "gdr/error.h"
 
 namespace gdr::cpu {
@@ -33,8 +34,12 @@ void forward_item(const Problem& prob, const ForwardParams& p, int C, const Work
     const SequenceSpan span{it.seq.b, it.seq.t0 + c0, n};
     load_keys<Real>(prob, p.in, p.opts, span, it.hk, w.q.data(), w.k.data());
     if constexpr (!PerKey) {
-      w.qk.topLeftCorner(n, n).noalias() = w.q.topRows(n) * w.k.topRows(n).transpose();
-      w.kk.topLeftCorner(n, n).noalias() = w.k.topRows(n) * w.k.topRows(n).transpose();
+      // Lower triangles of Q K^T and K K^T (the upper parts stay 0).
+      GDR_PRODUCT_REGION(fwd_qk_kk, 2 * profile::tri_flops(n, Dk, true),
+                         w.qk.topLeftCorner(n, n).template triangularView<Eigen::Lower>() =
+                             w.q.topRows(n) * w.k.topRows(n).transpose();
+                         w.kk.topLeftCorner(n, n).template triangularView<Eigen::Lower>() =
+                             w.k.topRows(n) * w.k.topRows(n).transpose());
     }
     for (i64 r = 0; r < heads; ++r) {
       const i64 hv = it.hv0 + r;
@@ -45,16 +50,18 @@ void forward_item(const Problem& prob, const ForwardParams& p, int C, const Work
       chunkwise::gated_products<Real, PerKey>(w, n, true);
       chunkwise::solve_chunk<Real, PerKey>(w, n, true);
       auto qws = w.qws.topRows(2 * n);
-      qws.noalias() = w.qw.topRows(2 * n) * S;
+      GDR_PRODUCT(fwd_qw_S, 2 * n, Dv, Dk, qws.noalias() = w.qw.topRows(2 * n) * S);
       auto vnew = w.vnew.topRows(n);
       vnew = w.u.topRows(n) - qws.bottomRows(n);
       auto O = w.o.topRows(n);
       O = qws.topRows(n);
-      O.noalias() += w.P.topLeftCorner(n, n) * vnew;
+      GDR_PRODUCT_REGION(
+          fwd_P_vnew, profile::tri_flops(n, Dv, true),
+          O.noalias() += w.P.topLeftCorner(n, n).template triangularView<Eigen::Lower>() * vnew);
       O *= scale;
       store_output<Real>(prob, p.in, span, hv, w.o.data(), p.o);
       chunkwise::decay_state<Real, PerKey>(w, S);
-      S.noalias() += w.kd.topRows(n).transpose() * vnew;
+      GDR_PRODUCT(fwd_S_update, Dk, Dv, n, S.noalias() += w.kd.topRows(n).transpose() * vnew);
     }
   }
   if (p.final_state.defined())
