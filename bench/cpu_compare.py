@@ -2,17 +2,22 @@
 """gdr's CPU training path against the peers a user would otherwise run on a CPU.
 
 For each T, one layer (B=1, Hk=16, Hv=32, Dk=Dv=128, fp32, scalar gate, loss = sum(dout * o),
-gradients of q, k, v, g, beta), each in a fresh process, in turn (gdr, torch, mlx; `--rounds`
-times, medians over rounds):
+gradients of q, k, v, g, beta), each in a fresh process, in turn (gdr, torch, hf, mlx;
+`--rounds` times, medians over rounds):
   gdr    build/<...>/bench/cpu_paths --mode single --a chunkwise (C++, no Python bindings)
   torch  bench/peers/torch_chunked.py   PyTorch autograd through the chunked form (SPEC 3)
+  hf     bench/peers/hf_chunked.py      PyTorch autograd through transformers' Qwen3-Next CPU
+                                        fallback, torch_chunk_gated_delta_rule (if installed)
   mlx    bench/peers/mlx_gated_delta.py mlx-lm's gated_delta_ops under mlx autodiff (if installed)
 Time: median of each process's timed runs (after a warm-up). Memory: the process's peak RSS minus
 its RSS once the inputs are allocated. Inputs follow the same recipe and seed number on each side
 (keys L2-normalised, beta ~ U(0,1), g = -0.2 U(0,1), q, v, dout ~ N(0,1)) but come from each
-framework's own generator. Writes bench/results/<YYYY-MM-DD>-cpu.json.
+framework's own generator (torch and hf share torch_chunked.py's). Each row holds, per peer
+that ran, speedup_vs_<peer> = peer seconds / gdr seconds and memory_ratio_vs_<peer>. Writes
+bench/results/<YYYY-MM-DD>-cpu.json.
 
-Targets (PERF.md): >= 20x faster and >= 10x less memory than mlx-lm; >= 3x faster than torch.
+Targets (PERF.md): >= 20x faster and >= 10x less memory than mlx-lm; >= 3x faster than a
+chunked PyTorch implementation under autograd (torch, and transformers' hf).
 """
 
 import argparse
@@ -85,6 +90,9 @@ def main():
     p.add_argument("--mlx-max-T", type=int, default=512,
                    help="largest T for mlx (its memory grows ~9 MB per token here)")
     p.add_argument("--torch-max-T", type=int, default=4096)
+    p.add_argument("--hf-max-T", type=int, default=4096)
+    p.add_argument("--peers", default="torch,hf,mlx",
+                   help="peers to run (comma-separated; each runs only where it is installed)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=3, help="timed runs per process (gdr, torch)")
     p.add_argument("--mlx-repeats", type=int, default=1)
@@ -102,7 +110,11 @@ def main():
     if not os.path.exists(cpu_paths):
         sys.exit(f"cpu_compare: {cpu_paths} not found; build it (cmake --build {args.build} "
                  "--target cpu_paths cpu_peak)")
-    have_mlx = module_version("mlx") is not None and module_version("mlx_lm") is not None
+    peers = set(args.peers.split(",")) if args.peers else set()
+    have_mlx = ("mlx" in peers and module_version("mlx") is not None and
+                module_version("mlx_lm") is not None)
+    have_hf = "hf" in peers and module_version("transformers") is not None
+    have_torch = "torch" in peers
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     out_path = args.out or os.path.join(HERE, "results", f"{date}-cpu.json")
     shape = dict(B=1, Hk=16, Hv=32, Dk=128, Dv=128)
@@ -118,6 +130,7 @@ def main():
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_at_start": os.getloadavg()},
         "versions": {"python": platform.python_version(), "torch": module_version("torch"),
+                     "transformers": module_version("transformers"),
                      "mlx": module_version("mlx"), "mlx_lm": module_version("mlx_lm"),
                      "numpy": module_version("numpy")},
         "seed": args.seed,
@@ -132,14 +145,18 @@ def main():
 
     for T in [int(t) for t in args.T.split(",")]:
         print(f"T={T}", flush=True)
-        sides = {"gdr": [], "torch": [], "mlx": []}
+        sides = {"gdr": [], "torch": [], "hf": [], "mlx": []}
         for r in range(args.rounds):
             sides["gdr"].append(run_json(
                 [cpu_paths, "--mode", "single", "--a", "chunkwise", "--direction", "fwdbwd",
                  "--T", str(T), "--pairs", str(args.repeats)] + common, args.timeout))
-            if T <= args.torch_max_T:
+            if have_torch and T <= args.torch_max_T:
                 sides["torch"].append(run_json(
                     [sys.executable, "peers/torch_chunked.py", "--T", str(T), "--repeats",
+                     str(args.repeats)] + (["--check"] if r == 0 else []) + common, args.timeout))
+            if have_hf and T <= args.hf_max_T:
+                sides["hf"].append(run_json(
+                    [sys.executable, "peers/hf_chunked.py", "--T", str(T), "--repeats",
                      str(args.repeats)] + (["--check"] if r == 0 else []) + common, args.timeout))
             if have_mlx and T <= args.mlx_max_T:
                 if mem_available_gb() < 2.5 * 9e-3 * T + 2:
@@ -165,15 +182,16 @@ def main():
         for side in sides:
             row[side] = summary(sides[side], "seconds")
         g = row["gdr"]
-        for side in ("torch", "mlx"):
+        for side in ("torch", "hf", "mlx"):
             if g and row[side]:
                 row[f"speedup_vs_{side}"] = row[side]["seconds"] / g["seconds"]
                 row[f"memory_ratio_vs_{side}"] = (row[side]["peak_extra_gb"] /
                                                   max(g["peak_extra_gb"], 1e-9))
         if "speedup_vs_mlx" in row:
             row["meets_mlx_target"] = row["speedup_vs_mlx"] >= 20 and row["memory_ratio_vs_mlx"] >= 10
-        if "speedup_vs_torch" in row:
-            row["meets_torch_target"] = row["speedup_vs_torch"] >= 3
+        for side in ("torch", "hf"):
+            if f"speedup_vs_{side}" in row:
+                row[f"meets_{side}_target"] = row[f"speedup_vs_{side}"] >= 3
         doc["rows"].append(row)
 
     doc["machine"]["loadavg_at_end"] = os.getloadavg()
@@ -182,20 +200,22 @@ def main():
         json.dump(doc, f, indent=2)
         f.write("\n")
 
-    fmt = "{:>6} | {:>9} {:>8} | {:>9} {:>8} {:>7} | {:>9} {:>8} {:>7} {:>7}"
-    print(fmt.format("T", "gdr s", "gdr GB", "torch s", "torch GB", "x", "mlx s", "mlx GB",
-                     "x", "mem x"))
+    fmt = "{:>6} | {:>9} {:>8} | " + " | ".join(["{:>9} {:>8} {:>7}"] * 3) + " {:>7}"
+    print(fmt.format("T", "gdr s", "gdr GB", "torch s", "torch GB", "x", "hf s", "hf GB", "x",
+                     "mlx s", "mlx GB", "x", "mem x"))
 
-    def cell(side, key, f="{:.3f}"):
+    def cell(row, side, key, f="{:.3f}"):
         return f.format(row[side][key]) if row.get(side) else "-"
 
+    def ratio(row, key):
+        return "{:.1f}".format(row[key]) if key in row else "-"
+
     for row in doc["rows"]:
-        print(fmt.format(row["T"], cell("gdr", "seconds"), cell("gdr", "peak_extra_gb"),
-                         cell("torch", "seconds"), cell("torch", "peak_extra_gb"),
-                         "{:.1f}".format(row["speedup_vs_torch"]) if "speedup_vs_torch" in row else "-",
-                         cell("mlx", "seconds"), cell("mlx", "peak_extra_gb"),
-                         "{:.1f}".format(row["speedup_vs_mlx"]) if "speedup_vs_mlx" in row else "-",
-                         "{:.1f}".format(row["memory_ratio_vs_mlx"]) if "memory_ratio_vs_mlx" in row else "-"))
+        cells = [row["T"], cell(row, "gdr", "seconds"), cell(row, "gdr", "peak_extra_gb")]
+        for side in ("torch", "hf", "mlx"):
+            cells += [cell(row, side, "seconds"), cell(row, side, "peak_extra_gb"),
+                      ratio(row, f"speedup_vs_{side}")]
+        print(fmt.format(*cells, ratio(row, "memory_ratio_vs_mlx")))
     print(f"wrote {out_path}")
 
 
