@@ -15,17 +15,17 @@ inline constexpr bool is_supported_chunk(int c) {
   return c == 16 || c == 32 || c == 64;
 }
 
-// Up to this many tokens per sequence the CPU fp32 per-token loop beats the chunkwise form.
-// Measured with bench/cpu_paths (A/B pairs after A/A, B=4, Hk=16, Hv=32, Dk=Dv=128, fp32, 2
-// cores, 2026-11-29, bench/results/2026-11-29-cpu-paths.json): median time(sequential) /
-// time(chunkwise)
-//   forward:            T=32 0.83, 64 0.67, 128 0.83, 256 0.82, 512 1.22
-//   forward + backward: T=1 0.58, 4 0.87, 8 1.02, 16 1.31, 32 1.16
-// The forward loop makes one pass over the state per token; its backward makes four (two
-// recomputed steps, two reverse passes), so the crossover comes much earlier for the backward.
-// Re-measure when either path changes.
-inline constexpr std::int64_t kCpuSequentialMaxTokens = 256;
-inline constexpr std::int64_t kCpuSequentialMaxTokensBackward = 8;
+// Up to this many tokens per sequence the CPU fp32 per-token loop is at least as fast as the
+// chunkwise form. Measured with bench/cpu_paths (A/B pairs after A/A, B=4, Hk=16, Hv=32,
+// Dk=Dv=128, fp32, 2 cores, 2026-11-29, after the chunkwise speedups of 9bc9ad9;
+// bench/results/2026-11-29-cpu-paths-2.json): median time(sequential) / time(chunkwise)
+//   forward:            T=16 0.88, 32 1.05, 64 0.98, 128 1.25, 256 1.10, 512 1.37
+//   forward + backward: T=4 0.97 (0.87 in a second run), 8 1.37, 16 1.47
+// (32 and 64 are ties within the A/A spread). The forward loop makes one pass over the state
+// per token; its backward makes four (two recomputed steps, two reverse passes), so the
+// crossover comes much earlier for the backward. Re-measure when either path changes.
+inline constexpr std::int64_t kCpuSequentialMaxTokens = 64;
+inline constexpr std::int64_t kCpuSequentialMaxTokensBackward = 4;
 
 inline std::int64_t tokens_per_sequence(const Problem& prob) {
   return prob.N > 0 ? (prob.B * prob.T) / prob.N : 0;
