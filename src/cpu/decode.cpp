@@ -18,7 +18,7 @@
 
 #include "cpu/canonical.h"
 #include "cpu/paths.h"
-#include "cpu/sequential_kernel.h"
+#include "cpu/sequential_head.h"
 
 namespace gdr::cpu {
 namespace {
@@ -36,8 +36,6 @@ int64_t pool_row(const DecodeParams& p, int64_t b) {
 template <class Real>
 void decode_impl(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {
   const int64_t B = prob.B, T = prob.T, Hv = prob.Hv, Dk = prob.Dk, Dv = prob.Dv;
-  const bool per_key = prob.gate == GateKind::per_key;
-  const int64_t gw = per_key ? Dk : 1;
   Inputs in;
   in.q = p.q;
   in.k = p.k;
@@ -54,29 +52,14 @@ void decode_impl(const Problem& prob, const DecodeParams& p, const ExecConfig& c
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t item = 0; item < B * Hv; ++item) {
     try {
-      const int64_t b = item / Hv, hv = item % Hv, hk = prob.key_head(hv);
+      const int64_t b = item / Hv, hv = item % Hv;
       const SequenceSpan seq{b, 0, T};
       std::vector<Real> o(static_cast<std::size_t>(T * Dv), Real(0));
       const int64_t row = pool_row(p, b);
       if (row >= 0 && T > 0) {
-        std::vector<Real> q(T * Dk), k(T * Dk), v(T * Dv), g(T * gw), beta(T);
-        std::vector<Real> S(Dk * Dv), kS(Dv), u(Dv), a(Dk);
-        load_keys<Real>(prob, in, p.opts, seq, hk, q.data(), k.data());
-        load_values<Real>(prob, in, seq, hv, v.data());
-        load_gates<Real>(prob, in, p.opts, seq, hv, g.data(), beta.data());
+        std::vector<Real> S(static_cast<std::size_t>(Dk * Dv));
         load_state<Real>(prob, p.state, p.opts, row, hv, S.data());
-        const seq::Head<Real> h{.L = T,
-                                .Dk = Dk,
-                                .Dv = Dv,
-                                .per_key = per_key,
-                                .scale = static_cast<Real>(prob.scale),
-                                .q = q.data(),
-                                .k = k.data(),
-                                .v = v.data(),
-                                .g = g.data(),
-                                .beta = beta.data()};
-        seq::forward_head(h, S.data(), o.data(),
-                          seq::ForwardScratch<Real>{kS.data(), u.data(), a.data()});
+        forward_one_head<Real>(prob, in, p.opts, seq, hv, S.data(), o.data());
         store_state<Real>(prob, p.opts, row, hv, S.data(), p.state);
       }
       if (T > 0) store_output<Real>(prob, in, seq, hv, o.data(), p.o);  // zeros when skipped

@@ -20,6 +20,7 @@
 
 #include "cpu/canonical.h"
 #include "cpu/paths.h"
+#include "cpu/sequential_head.h"
 #include "cpu/sequential_kernel.h"
 #include "gdr/error.h"
 
@@ -61,8 +62,6 @@ std::vector<T> buffer(int64_t n) {
 template <class Real>
 void forward_impl(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
   const int64_t N = prob.N, Hv = prob.Hv, Dk = prob.Dk, Dv = prob.Dv;
-  const bool per_key = prob.gate == GateKind::per_key;
-  const int64_t gw = per_key ? Dk : 1;
   std::vector<SequenceSpan> spans(static_cast<std::size_t>(N));
   for (int64_t n = 0; n < N; ++n) spans[n] = sequence_span(prob, p.in, n);
 
@@ -70,30 +69,12 @@ void forward_impl(const Problem& prob, const ForwardParams& p, const ExecConfig&
 #pragma omp parallel for schedule(dynamic, 1) num_threads(thread_count(config))
   for (int64_t item = 0; item < N * Hv; ++item) {
     error.run([&] {
-      const int64_t n = item / Hv, hv = item % Hv, hk = prob.key_head(hv);
+      const int64_t n = item / Hv, hv = item % Hv;
       const SequenceSpan& seq = spans[n];
-      const int64_t L = seq.len;
-      auto q = buffer<Real>(L * Dk), k = buffer<Real>(L * Dk), v = buffer<Real>(L * Dv);
-      auto g = buffer<Real>(L * gw), beta = buffer<Real>(L), o = buffer<Real>(L * Dv);
-      auto S = buffer<Real>(Dk * Dv), kS = buffer<Real>(Dv), u = buffer<Real>(Dv);
-      auto a = buffer<Real>(Dk);
+      auto S = buffer<Real>(Dk * Dv), o = buffer<Real>(seq.len * Dv);
       load_state<Real>(prob, p.in.h0, p.opts, n, hv, S.data());
-      if (L > 0) {
-        load_keys<Real>(prob, p.in, p.opts, seq, hk, q.data(), k.data());
-        load_values<Real>(prob, p.in, seq, hv, v.data());
-        load_gates<Real>(prob, p.in, p.opts, seq, hv, g.data(), beta.data());
-        const seq::Head<Real> h{.L = L,
-                                .Dk = Dk,
-                                .Dv = Dv,
-                                .per_key = per_key,
-                                .scale = static_cast<Real>(prob.scale),
-                                .q = q.data(),
-                                .k = k.data(),
-                                .v = v.data(),
-                                .g = g.data(),
-                                .beta = beta.data()};
-        seq::forward_head(h, S.data(), o.data(),
-                          seq::ForwardScratch<Real>{kS.data(), u.data(), a.data()});
+      if (seq.len > 0) {
+        forward_one_head<Real>(prob, p.in, p.opts, seq, hv, S.data(), o.data());
         store_output<Real>(prob, p.in, seq, hv, o.data(), p.o);
       }
       if (p.final_state.defined()) store_state<Real>(prob, p.opts, n, hv, S.data(), p.final_state);
