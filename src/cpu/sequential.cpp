@@ -121,16 +121,8 @@ void backward_impl(const Problem& prob, const BackwardParams& p, const ExecConfi
             load_values<Real>(prob, p.in, seq, hv, v.data());
             load_gates<Real>(prob, p.in, p.opts, seq, hv, g.data(), beta.data());
             load_dout<Real>(prob, p.in, seq, hv, p.dout, dO.data());
-            const seq::Head<Real> h{.L = L,
-                                    .Dk = Dk,
-                                    .Dv = Dv,
-                                    .per_key = per_key,
-                                    .scale = static_cast<Real>(prob.scale),
-                                    .q = q.data(),
-                                    .k = k.data(),
-                                    .v = v.data(),
-                                    .g = g.data(),
-                                    .beta = beta.data()};
+            const seq::Head<Real> h =
+                head_view<Real>(prob, L, q.data(), k.data(), v.data(), g.data(), beta.data());
             seq::backward_head(h, S0.data(), dO.data(), C, dS.data(), dq.data(), dk.data(),
                                dv.data(), dg.data(), dbeta.data(), scratch);
             if (p.dv.defined()) store_value_grads<Real>(prob, p.in, seq, hv, dv.data(), p.dv);
