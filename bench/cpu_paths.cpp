@@ -33,8 +33,6 @@
 // flops; forward + backward counted as 3x forward. Bytes: q, k, v, g, beta read and o written
 // once (fp32); the backward adds dout read, the inputs read again and dq, dk, dv, dg, dbeta
 // written.
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -52,6 +50,7 @@
 #include "cpu/product_profile.h"
 #include "fma_peak.h"
 #include "gdr/gdr.h"
+#include "process_memory.h"
 
 namespace {
 
@@ -196,24 +195,6 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-// Peak RSS of this process (VmHWM of /proc/self/status). Not getrusage's ru_maxrss: after
-// fork + exec that also counts the parent's resident set at the time of the fork.
-double peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;  // kB
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) * 1024.0;
-}
-
-double rss_bytes() {
-  std::ifstream f("/proc/self/statm");
-  long total = 0, resident = 0;
-  f >> total >> resident;
-  return double(resident) * double(sysconf(_SC_PAGESIZE));
-}
-
 json machine() {
   double load[3] = {0, 0, 0};
   getloadavg(load, 3);
@@ -246,11 +227,11 @@ json shape(const Options& o) {
 int run_single(const Options& o) {
   Problem p(o);
   const gdr::Path path = parse_path(o.a);
-  const double baseline = rss_bytes();
+  const double baseline = gdr::process::rss_bytes();
   time_once(p, o, path);  // warm-up
   std::vector<double> t;
   for (int i = 0; i < std::max(1, o.pairs); ++i) t.push_back(time_once(p, o, path));
-  const double peak = peak_rss_bytes();
+  const double peak = gdr::process::peak_rss_bytes();
   const double med = quantile(t, 0.5);
   json j = {{"program", "cpu_paths --mode single"},
             {"path", o.a},

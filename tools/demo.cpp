@@ -12,7 +12,6 @@
 // Peak memory: the child's peak RSS (VmHWM; getrusage's ru_maxrss would include this parent's
 // RSS at fork time) minus its RSS once the inputs, the gradient seed and every output buffer
 // are allocated and written, i.e. the extra memory the path itself needs for forward + backward.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +31,7 @@
 
 #include "commands.h"
 #include "gdr/gdr.h"
+#include "process_memory.h"
 
 namespace {
 
@@ -137,24 +137,6 @@ class Buffer {
   std::vector<unsigned char> bytes_;
 };
 
-double rss_bytes() {
-  std::ifstream f("/proc/self/statm");
-  long pages_total = 0, pages_resident = 0;
-  f >> pages_total >> pages_resident;
-  return double(pages_resident) * double(sysconf(_SC_PAGESIZE));
-}
-
-// Peak RSS of this process (VmHWM of /proc/self/status). Not getrusage's ru_maxrss: after
-// fork + exec that also counts the parent's resident set at the time of the fork.
-double peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;  // kB
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) * 1024.0;
-}
-
 // The child: one path, one T; prints one JSON line.
 int run_worker(const WorkerOptions& w) {
   const gdr::DType dt = parse_dtype(w.dtype);
@@ -201,7 +183,7 @@ int run_worker(const WorkerOptions& w) {
   cfg.path = w.path == "sequential" ? gdr::Path::sequential : gdr::Path::chunkwise;
   cfg.num_threads = w.threads;
 
-  const double baseline = rss_bytes();
+  const double baseline = gdr::process::rss_bytes();
   double best_f = 1e300, best_b = 1e300;
   for (int r = 0; r < std::max(1, w.repeats); ++r) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -212,7 +194,7 @@ int run_worker(const WorkerOptions& w) {
     best_f = std::min(best_f, std::chrono::duration<double>(t1 - t0).count());
     best_b = std::min(best_b, std::chrono::duration<double>(t2 - t1).count());
   }
-  const double peak = peak_rss_bytes();
+  const double peak = gdr::process::peak_rss_bytes();
 
   if (!w.dump.empty()) {
     const std::pair<const char*, Buffer*> outs[] = {{"o", &o},   {"dq", &dq}, {"dk", &dk},
