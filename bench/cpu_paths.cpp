@@ -8,6 +8,12 @@
 // below) and the fraction of the machine's fp32 FMA peak (measured here, bench/fma_peak.h).
 // The two paths' outputs are compared (relative Frobenius error of o and dq, dk, dv, dg).
 //
+// Paths: sequential, chunkwise, reference, automatic. With --direction fwdbwd, chunkwise and
+// automatic run a training step as the torch layer does: the forward fills the saved-for-backward
+// tensor (ForwardParams::saved, allocated inside the timed call as a training step would) and
+// the backward reads it instead of recomputing the chunk states; `chunkwise:recompute` and
+// `automatic:recompute` leave it out (the backward then runs its own state pass).
+//
 // --mode single: one path only, `pairs` timed runs after a warm-up, and its peak memory (peak
 // RSS of this process minus its RSS once inputs and outputs are allocated); run it in a fresh
 // process per configuration (bench/cpu_compare.py does).
@@ -42,6 +48,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -85,13 +92,25 @@ struct Options {
   }
 };
 
-gdr::Path parse_path(const std::string& s) {
-  if (s == "sequential") return gdr::Path::sequential;
-  if (s == "chunkwise") return gdr::Path::chunkwise;
-  if (s == "reference") return gdr::Path::reference;
-  if (s == "automatic") return gdr::Path::automatic;
+// A path as the command line names it: the gdr path and whether a fwdbwd call goes through the
+// saved-for-backward tensor.
+struct PathSpec {
+  gdr::Path path = gdr::Path::chunkwise;
+  bool saved = false;
+};
+
+PathSpec parse_path(const std::string& s) {
+  const std::string suffix = ":recompute";
+  const bool recompute =
+      s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string name = recompute ? s.substr(0, s.size() - suffix.size()) : s;
+  if (name == "sequential" && !recompute) return {gdr::Path::sequential, false};
+  if (name == "reference" && !recompute) return {gdr::Path::reference, false};
+  if (name == "chunkwise") return {gdr::Path::chunkwise, !recompute};
+  if (name == "automatic") return {gdr::Path::automatic, !recompute};
   throw gdr::InvalidArgument("cpu_paths: path " + s +
-                             "; supported: sequential, chunkwise, reference, automatic");
+                             "; supported: sequential, chunkwise, reference, automatic, "
+                             "chunkwise:recompute, automatic:recompute");
 }
 
 // fp32 inputs, outputs and gradient seed of one problem (SPEC Section 7 inputs, mild decay).
@@ -156,15 +175,28 @@ struct Problem {
   }
 };
 
-// Seconds of one call (forward, or forward + backward) of `path`.
-double time_once(Problem& p, const Options& o, gdr::Path path) {
+// Seconds of one call (forward, or forward + backward) of `path`. A fwdbwd call with
+// path.saved allocates the saved tensor (uninitialised, as torch.empty would), lets the forward
+// fill it and the backward read it, and frees it: all inside the timed region.
+double time_once(Problem& p, const Options& o, const PathSpec& path) {
   gdr::ExecConfig cfg;
-  cfg.path = path;
+  cfg.path = path.path;
   cfg.num_threads = o.threads;
   cfg.chunk_size = o.chunk;
   const auto t0 = std::chrono::steady_clock::now();
-  gdr::forward(p.fp, cfg);
-  if (o.backward()) gdr::backward(p.bp, cfg);
+  if (o.backward() && path.saved) {
+    const gdr::SavedShape shape = gdr::saved_shape(gdr::validate_forward(p.fp), o.chunk);
+    std::unique_ptr<float[]> saved(new float[static_cast<std::size_t>(shape.numel())]);
+    gdr::ForwardParams fp = p.fp;
+    gdr::BackwardParams bp = p.bp;
+    fp.saved = bp.saved = gdr::TensorView::contiguous(saved.get(), shape.dtype,
+                                                      {shape.chunk_rows, shape.Hv, shape.record});
+    gdr::forward(fp, cfg);
+    gdr::backward(bp, cfg);
+  } else {
+    gdr::forward(p.fp, cfg);
+    if (o.backward()) gdr::backward(p.bp, cfg);
+  }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -226,7 +258,7 @@ json shape(const Options& o) {
 
 int run_single(const Options& o) {
   Problem p(o);
-  const gdr::Path path = parse_path(o.a);
+  const PathSpec path = parse_path(o.a);
   const double baseline = gdr::process::rss_bytes();
   time_once(p, o, path);  // warm-up
   std::vector<double> t;
@@ -262,19 +294,21 @@ int run_products(const Options& o) {
                  "-DGDR_PROFILE_PRODUCTS=ON)\n");
     return 2;
   }
-  if (o.a != "chunkwise") {
-    std::fprintf(stderr, "cpu_paths: --mode products profiles --a chunkwise only\n");
+  const PathSpec path = parse_path(o.a);
+  if (path.path != gdr::Path::chunkwise) {
+    std::fprintf(stderr,
+                 "cpu_paths: --mode products profiles --a chunkwise or chunkwise:recompute only\n");
     return 2;
   }
   Problem p(o);
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   double load[3] = {0, 0, 0};
-  time_once(p, o, gdr::Path::chunkwise);  // warm-up
+  time_once(p, o, path);  // warm-up
   const double peak_before = gdr::bench::fma_peak_gflops(threads);
   const double peak1 = gdr::bench::fma_peak_gflops(1);
   prof::reset();
   std::vector<double> t;
-  for (int i = 0; i < std::max(1, o.pairs); ++i) t.push_back(time_once(p, o, gdr::Path::chunkwise));
+  for (int i = 0; i < std::max(1, o.pairs); ++i) t.push_back(time_once(p, o, path));
   const std::vector<prof::ThreadCounters> snap = prof::snapshot(threads);
   const double peak_after = gdr::bench::fma_peak_gflops(threads);
   const double peak = std::max(peak_before, peak_after);
@@ -294,11 +328,11 @@ int run_products(const Options& o) {
   double total_rate = 0, all_flops = 0, all_secs = 0;
   json per_thread = json::array(), per_site = json::array();
   std::printf(
-      "chunkwise %s, B=%lld T=%lld Hk=%lld Hv=%lld Dk=%lld Dv=%lld %s, C=%d, %d threads, "
+      "%s %s, B=%lld T=%lld Hk=%lld Hv=%lld Dk=%lld Dv=%lld %s, C=%d, %d threads, "
       "%d calls, wall %.4f s (median call %.4f s)\n",
-      o.direction.c_str(), (long long)o.B, (long long)o.T, (long long)o.Hk, (long long)o.Hv,
-      (long long)o.Dk, (long long)o.Dv, o.gate.c_str(), o.chunk, threads, (int)t.size(), wall,
-      quantile(t, 0.5));
+      o.a.c_str(), o.direction.c_str(), (long long)o.B, (long long)o.T, (long long)o.Hk,
+      (long long)o.Hv, (long long)o.Dk, (long long)o.Dv, o.gate.c_str(), o.chunk, threads,
+      (int)t.size(), wall, quantile(t, 0.5));
   std::printf(
       "fp32 FMA peak (same run): %.1f GFLOP/s with %d threads (before %.1f, after %.1f), "
       "%.1f with 1 thread; load average %.2f\n",
@@ -357,7 +391,7 @@ int run_products(const Options& o) {
                 c.flops / 1e9, c.seconds, 100 * c.seconds / all_secs, c.flops / c.seconds / 1e9);
   }
   json j = {{"program", "cpu_paths --mode products"},
-            {"path", "chunkwise"},
+            {"path", o.a},
             {"shape", shape(o)},
             {"machine", machine()},
             {"loadavg_1min_at_end", load[0]},
@@ -383,7 +417,7 @@ int run_products(const Options& o) {
 
 int run_ab(const Options& o) {
   Problem p(o);
-  const gdr::Path pa = parse_path(o.a), pb = parse_path(o.b);
+  const PathSpec pa = parse_path(o.a), pb = parse_path(o.b);
   // Outputs of both paths (compared once, not timed).
   time_once(p, o, pb);
   const std::vector<float> ob = p.o, dqb = p.dq, dkb = p.dk, dvb = p.dv, dgb = p.dg;
@@ -463,7 +497,9 @@ int run_ab(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Compare two gdr CPU paths (A/A then A/B alternating pairs), or time one path"};
-  app.add_option("--a", o.a, "path A (sequential, chunkwise, reference, automatic)")
+  app.add_option("--a", o.a,
+                 "path A (sequential, chunkwise, reference, automatic; chunkwise:recompute, "
+                 "automatic:recompute: fwdbwd without the saved-for-backward tensor)")
       ->capture_default_str();
   app.add_option("--b", o.b, "path B")->capture_default_str();
   app.add_option("--direction", o.direction, "fwd or fwdbwd")->capture_default_str();

@@ -8,11 +8,14 @@
 
 namespace gdr {
 
-// o and final_state from the inputs (SPEC Sections 2-3).
+// o and final_state from the inputs (SPEC Sections 2-3); with params.saved (CPU chunkwise path)
+// also the saved-for-backward tensor of a training step (params.h; sized by saved_shape).
 void forward(const ForwardParams& params, const ExecConfig& config = {});
 
-// Gradients of every input (SPEC Section 4). Recomputes chunk-boundary states internally:
-// extra memory is O(T / chunk) states per sequence and head, never one state per token.
+// Gradients of every input (SPEC Section 4). Without params.saved it recomputes the
+// chunk-boundary states internally (extra memory O(T / chunk) states per sequence and head,
+// never one state per token); with the forward's params.saved it reads them, and the chunks'
+// Tinv, W, U, Vnew, from there instead.
 void backward(const BackwardParams& params, const ExecConfig& config = {});
 
 // A few tokens (T = 1..16) for each of B sequences, the state updated in place.

@@ -38,10 +38,28 @@ struct Inputs {
   TensorView cu_seqlens;  // optional [N + 1] i32 | i64: 0 = c_0 <= c_1 <= ... <= c_N = T, B == 1
 };
 
+// Saved for backward (optional, CPU chunkwise path only): what the chunkwise forward computes
+// per chunk and value head and the backward would otherwise recompute in a pass over the
+// chunks: the state entering the chunk and the chunk's Tinv, W, U and Vnew (SPEC Section 3).
+//   saved  [chunk_rows, Hv, record]  f32 (f64 for f64 inputs); saved_shape() (problem.h) gives
+//          the shape and bytes for a call. Row c0(n) + c holds chunk c of sequence n, c0(n) =
+//          sum_{m < n} ceil(L_m / C); record = Dk Dv + C^2 + C Dk + 2 C Dv floats:
+//          S [Dk, Dv] (k-first) | Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv] (a
+//          chunk of n < C tokens fills the first n rows, each block row-major [n, ...], and
+//          zeros after them). Every element is written: rows past the last chunk are zeros.
+//   Cost: 4 (Dk Dv / C + C + Dk + 2 Dv) bytes per token and value head, 2.75 KB at C = 64,
+//   Dk = Dv = 128 (0.37 GB for T = 4096, Hv = 32), against one state per chunk kept inside
+//   the backward otherwise. Its layout is the CPU chunkwise path's own: fill it with forward
+//   and hand it, unchanged, to backward with the same inputs, options and chunk_size.
+// ForwardParams::saved makes forward run the chunkwise path (Path::automatic resolves to it);
+// BackwardParams::saved makes the chunkwise backward read the states and per-chunk matrices
+// instead of recomputing them (automatic resolves to chunkwise). Forcing another path, or
+// tensors on cuda, with `saved` given is an error.
 struct ForwardParams {
   Inputs in;
   TensorView o;            // [B, T, Hv, Dv]  q's dtype (written)
   TensorView final_state;  // optional, like h0, f32 (written)
+  TensorView saved;        // optional [chunk_rows, Hv, record] (written; see above)
   Options opts;
 };
 
@@ -56,6 +74,7 @@ struct BackwardParams {
   TensorView dq, dk, dv, dg, dbeta;
   TensorView dA_log, ddt_bias;  // only with gate_in_kernel
   TensorView dh0;               // only with h0
+  TensorView saved;             // optional: ForwardParams::saved of the same call (read)
   Options opts;
 };
 

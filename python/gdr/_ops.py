@@ -6,6 +6,11 @@ unchanged (ValueError for bad arguments, RuntimeError for failures while running
 
 Autograd: forward's gradient is the backward operator (SPEC Section 4), registered with
 register_autograd. Fake (meta) implementations make the operators traceable by torch.compile.
+When gradients are needed on the CPU (save_for_backward, see wants_saved), forward also returns
+the saved-for-backward tensor of the chunkwise path (include/gdr/params.h, ForwardParams::saved:
+the state entering each chunk and the chunk's Tinv, W, U, Vnew; 2.75 KB per token and value
+head at Dk = Dv = 128, chunk 64); autograd keeps it and hands it to backward, which then skips
+its recomputation of those.
 """
 
 from __future__ import annotations
@@ -61,14 +66,46 @@ def _state_shape(q, k, v, cu_seqlens, state_layout):
     return (n, hv, dv, dk) if state_layout == "v_first" else (n, hv, dk, dv)
 
 
-def _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state):
+def saved_shape(q, k, v, cu_seqlens, chunk_size):
+    """[chunk_rows, Hv, record] of the saved-for-backward tensor, from shapes alone (so that the
+    fake implementation and dynamic shapes work): gdr::saved_shape (include/gdr/problem.h).
+    chunk_rows = B ceil(T / C), or under varlen floor((T + N (C - 1)) / C), an upper bound of
+    sum_n ceil(L_n / C); record = Dk Dv + C^2 + C Dk + 2 C Dv (S | Tinv | W | U | Vnew)."""
+    c = chunk_size if chunk_size > 0 else 1  # a bad chunk_size is refused by the core
+    b, t = _size(q, 0), _size(q, 1)
+    hv, dk, dv = _size(v, 2), _size(k, 3), _size(v, 3)
+    if cu_seqlens is not None:
+        n = max(_size(cu_seqlens, 0) - 1, 0)
+        rows = (t + n * (c - 1)) // c
+    else:
+        rows = b * ((t + c - 1) // c)
+    return (rows, hv, dk * dv + c * c + c * dk + 2 * c * dv)
+
+
+def wants_saved(path: str, tensors) -> bool:
+    """Whether a forward should fill the saved-for-backward tensor: gradients will be taken (grad
+    mode on and an input that requires grad), the tensors are on the CPU (the CUDA backward runs
+    the CPU path on host copies) and the path may be the chunkwise one."""
+    present = [t for t in tensors if t is not None]
+    return (torch.is_grad_enabled() and path in ("auto", "chunkwise") and
+            all(t.device.type == "cpu" for t in present) and
+            any(t.requires_grad for t in present))
+
+
+def _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state, chunk_size,
+                   save_for_backward):
     o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
     if output_final_state:
         fs = torch.empty(_state_shape(q, k, v, cu_seqlens, state_layout), dtype=_state_dtype(q),
                          device=v.device)
     else:
         fs = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
-    return o, fs
+    if save_for_backward:
+        saved = torch.empty(saved_shape(q, k, v, cu_seqlens, chunk_size), dtype=_state_dtype(q),
+                            device=v.device)
+    else:
+        saved = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
+    return o, fs, saved
 
 
 # ---- forward -------------------------------------------------------------------------------------
@@ -94,23 +131,28 @@ def forward(
     output_final_state: bool,
     path: str,
     chunk_size: int,
-) -> tuple[Tensor, Tensor]:
-    """o [B,T,Hv,Dv] and the final state ([N,Hv,Dk,Dv], or shape [0] when not requested)."""
-    o, fs = _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state)
+    save_for_backward: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """o [B,T,Hv,Dv], the final state ([N,Hv,Dk,Dv], or shape [0] when not requested) and the
+    saved-for-backward tensor ([chunk_rows, Hv, record], see saved_shape; shape [0] unless
+    save_for_backward, which makes the CPU path chunkwise)."""
+    o, fs, saved = _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state,
+                                  chunk_size, save_for_backward)
     _C.forward(
         _d(q), _d(k), _d(v), _d(g), _d(beta), _d(A_log), _d(dt_bias), _d(initial_state),
         _d(mask), _d(cu_seqlens), o, fs if output_final_state else None,
         scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
         beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
-        stream=_stream(v))
-    return o, fs
+        stream=_stream(v), saved=saved if save_for_backward else None)
+    return o, fs, saved
 
 
 @forward.register_fake
 def _forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale,
                   state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path,
-                  chunk_size):
-    return _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state)
+                  chunk_size, save_for_backward=False):
+    return _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state, chunk_size,
+                          save_for_backward)
 
 
 # ---- backward ------------------------------------------------------------------------------------
@@ -136,7 +178,7 @@ _warned_cuda_backward = False
 
 def _run_backward(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state, mask,
                   cu_seqlens, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path,
-                  chunk_size):
+                  chunk_size, saved=None):
     grads = _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state)
     dq, dk, dv, dg, dbeta, dA, ddt, dh0 = grads
     _C.backward(
@@ -147,7 +189,7 @@ def _run_backward(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_
         dh0 if initial_state is not None else None,
         scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
         beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
-        stream=_stream(v))
+        stream=_stream(v), saved=saved)
     return grads
 
 
@@ -172,9 +214,12 @@ def backward(
     qk_l2norm: bool,
     path: str,
     chunk_size: int,
+    saved: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0); an absent input's gradient has shape [0].
 
+    saved: the forward's saved-for-backward tensor of the same call (CPU; the chunkwise backward
+    then reads the chunk states and matrices instead of recomputing them), or None.
     On CUDA, while the core has no CUDA backward, the gradients are computed by the CPU path on
     host copies (correct, slow; warns once).
     """
@@ -185,7 +230,7 @@ def backward(
     args[1] = _last_contiguous(args[1])
     opts = (scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path, chunk_size)
     try:
-        return _run_backward(*args, *opts)
+        return _run_backward(*args, *opts, saved=_d(saved))
     except ValueError as e:
         if v.device.type != "cuda" or "backward on cuda is not available" not in str(e):
             raise
@@ -203,32 +248,40 @@ def backward(
 @backward.register_fake
 def _backward_fake(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state, mask,
                    cu_seqlens, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path,
-                   chunk_size):
+                   chunk_size, saved=None):
     return _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state)
 
 
 def _forward_setup_context(ctx, inputs, output):
     (q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale, state_layout,
-     gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path, chunk_size) = inputs
-    ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens)
+     gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path, chunk_size,
+     *rest) = inputs
+    save_for_backward = bool(rest[0]) if rest else False
+    saved = output[2] if save_for_backward else None
+    ctx.mark_non_differentiable(output[2])
+    # Pass absent output gradients as None: otherwise autograd makes a zero tensor the size of
+    # `saved` (tens of MB) for the non-differentiable output in every backward.
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens,
+                          saved)
     ctx.opts = (scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path, chunk_size)
     ctx.output_final_state = output_final_state
 
 
-def _forward_backward(ctx, do, dfs):
-    q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens = ctx.saved_tensors
+def _forward_backward(ctx, do, dfs, _dsaved):
+    q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, saved = ctx.saved_tensors
     if do is None:
         do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
     if not ctx.output_final_state:
         dfs = None
     dq, dk, dv, dg, dbeta, dA, ddt, dh0 = torch.ops.gdr.backward(
         _last_contiguous(do), _last_contiguous(dfs), q, k, v, g, beta, A_log, dt_bias,
-        initial_state, mask, cu_seqlens, *ctx.opts)
+        initial_state, mask, cu_seqlens, *ctx.opts, saved)
     return (dq, dk, dv, dg, dbeta,
             dA if A_log is not None else None,
             ddt if dt_bias is not None else None,
             dh0 if initial_state is not None else None,
-            None, None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None)
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)

@@ -163,12 +163,13 @@ void forward(const In& q, const In& k, const In& v, const In& g, const In& beta,
              const OptIn& cu_seqlens, Out o, OptOut final_state, double scale,
              const std::string& state_layout, bool gate_in_kernel, bool beta_sigmoid,
              bool qk_l2norm, double l2norm_eps, const std::string& path, int chunk_size,
-             int num_threads, std::uintptr_t stream) {
+             int num_threads, std::uintptr_t stream, OptOut saved) {
   const char* op = "gdr.forward";
   gdr::ForwardParams p;
   p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
   p.o = to_view(o, op, "o");
   p.final_state = to_view(final_state, op, "final_state");
+  p.saved = to_view(saved, op, "saved");
   p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
   const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, op);
   nb::gil_scoped_release release;
@@ -181,7 +182,8 @@ void backward(const In& q, const In& k, const In& v, const In& g, const In& beta
               OptOut dq, OptOut dk, OptOut dv, OptOut dg, OptOut dbeta, OptOut dA_log,
               OptOut ddt_bias, OptOut dh0, double scale, const std::string& state_layout,
               bool gate_in_kernel, bool beta_sigmoid, bool qk_l2norm, double l2norm_eps,
-              const std::string& path, int chunk_size, int num_threads, std::uintptr_t stream) {
+              const std::string& path, int chunk_size, int num_threads, std::uintptr_t stream,
+              const OptIn& saved) {
   const char* op = "gdr.backward";
   gdr::BackwardParams p;
   p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
@@ -195,6 +197,7 @@ void backward(const In& q, const In& k, const In& v, const In& g, const In& beta
   p.dA_log = to_view(dA_log, op, "dA_log");
   p.ddt_bias = to_view(ddt_bias, op, "ddt_bias");
   p.dh0 = to_view(dh0, op, "dh0");
+  p.saved = to_view(saved, op, "saved");
   p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
   const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, op);
   nb::gil_scoped_release release;
@@ -242,6 +245,22 @@ std::string resolve_forward_path(const In& q, const In& k, const In& v, const In
   return std::string(gdr::to_string(gdr::resolve_forward_path(p, config)));
 }
 
+// gdr::saved_shape for a call of these sizes: (chunk_rows, Hv, record).
+nb::tuple saved_shape(std::int64_t B, std::int64_t T, std::int64_t N, bool varlen, std::int64_t Hv,
+                      std::int64_t Dk, std::int64_t Dv, int chunk_size, bool f64) {
+  gdr::Problem prob;
+  prob.B = B;
+  prob.T = T;
+  prob.N = N;
+  prob.varlen = varlen;
+  prob.Hv = Hv;
+  prob.Dk = Dk;
+  prob.Dv = Dv;
+  prob.dtype = f64 ? gdr::DType::f64 : gdr::DType::f32;
+  const gdr::SavedShape s = gdr::saved_shape(prob, chunk_size);
+  return nb::make_tuple(s.chunk_rows, s.Hv, s.record);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -268,8 +287,9 @@ NB_MODULE(_C, m) {
         nb::arg("state_layout") = "k_first", nb::arg("gate_in_kernel") = false,
         nb::arg("beta_sigmoid") = false, nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6,
         nb::arg("path") = "auto", nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0,
-        nb::arg("stream") = 0,
-        "Writes o [B,T,Hv,Dv] and, when given, final_state; see include/gdr/params.h.");
+        nb::arg("stream") = 0, nb::arg("saved").none() = nb::none(),
+        "Writes o [B,T,Hv,Dv] and, when given, final_state and the saved-for-backward tensor; "
+        "see include/gdr/params.h.");
 
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
@@ -281,7 +301,9 @@ NB_MODULE(_C, m) {
         nb::arg("gate_in_kernel") = false, nb::arg("beta_sigmoid") = false,
         nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6, nb::arg("path") = "auto",
         nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0, nb::arg("stream") = 0,
-        "Writes the given gradients (each optional); see include/gdr/params.h.");
+        nb::arg("saved").none() = nb::none(),
+        "Writes the given gradients (each optional), reading the forward's saved tensor when "
+        "given; see include/gdr/params.h.");
 
   m.def("decode", &decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
         nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("mask").none(),
@@ -291,6 +313,10 @@ NB_MODULE(_C, m) {
         nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6, nb::arg("path") = "auto",
         nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         "Runs T = 1..16 tokens per sequence, updating state in place and writing o.");
+
+  m.def("saved_shape", &saved_shape, nb::arg("B"), nb::arg("T"), nb::arg("N"), nb::arg("varlen"),
+        nb::arg("Hv"), nb::arg("Dk"), nb::arg("Dv"), nb::arg("chunk_size"), nb::arg("f64"),
+        "(chunk_rows, Hv, record) of the saved-for-backward tensor (gdr::saved_shape).");
 
   m.def("resolve_forward_path", &resolve_forward_path, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),

@@ -32,8 +32,25 @@ void check_config(const ExecConfig& config, const char* op) {
 }
 #endif
 
-Path resolve_forward(const Problem& prob, const ExecConfig& config, const char* op) {
+// `saved` (ForwardParams::saved / BackwardParams::saved) is written and read by the CPU
+// chunkwise path only: with it, automatic resolves to chunkwise and any other path is refused.
+Path resolve_saved(const Problem& prob, const TensorView& saved, const ExecConfig& config,
+                   const char* op, const char* role) {
+  if (prob.device != DeviceType::cpu)
+    refuse(op, "saved is given but the tensors are on cuda; saved is " + std::string(role) +
+                   " by the CPU chunkwise path only (leave it out on cuda)");
+  validate_saved(prob, saved, config.chunk_size, op);
+  if (config.path != Path::automatic && config.path != Path::chunkwise)
+    refuse(op, "saved is given with path " + std::string(to_string(config.path)) + "; saved is " +
+                   role + " by the chunkwise path only (use chunkwise or automatic, or leave " +
+                   "saved out)");
+  return Path::chunkwise;
+}
+
+Path resolve_forward(const Problem& prob, const TensorView& saved, const ExecConfig& config,
+                     const char* op) {
   check_config(config, op);
+  if (saved.defined()) return resolve_saved(prob, saved, config, op, "written");
   if (prob.device == DeviceType::cpu)
     return config.path == Path::automatic ? heuristics::cpu_forward_path(prob) : config.path;
   // CUDA: the recurrent kernel covers every forward call.
@@ -47,27 +64,29 @@ Path resolve_forward(const Problem& prob, const ExecConfig& config, const char* 
   refuse(op, "unknown path");
 }
 
-Path resolve_backward(const Problem& prob, const ExecConfig& config, const char* op) {
+Path resolve_backward(const Problem& prob, const TensorView& saved, const ExecConfig& config,
+                      const char* op) {
   check_config(config, op);
   if (prob.device == DeviceType::cuda)
     refuse(op, "backward on cuda is not available yet; move the tensors to the cpu");
+  if (saved.defined()) return resolve_saved(prob, saved, config, op, "read");
   return config.path == Path::automatic ? heuristics::cpu_backward_path(prob) : config.path;
 }
 
 }  // namespace
 
 Path resolve_forward_path(const ForwardParams& params, const ExecConfig& config) {
-  return resolve_forward(validate_forward(params), config, "gdr.forward");
+  return resolve_forward(validate_forward(params), params.saved, config, "gdr.forward");
 }
 
 Path resolve_backward_path(const BackwardParams& params, const ExecConfig& config) {
-  return resolve_backward(validate_backward(params), config, "gdr.backward");
+  return resolve_backward(validate_backward(params), params.saved, config, "gdr.backward");
 }
 
 void forward(const ForwardParams& params, const ExecConfig& config) {
   const char* op = "gdr.forward";
   const Problem prob = validate_forward(params, op);
-  const Path path = resolve_forward(prob, config, op);
+  const Path path = resolve_forward(prob, params.saved, config, op);
   if (prob.device == DeviceType::cuda) {
 #if GDR_WITH_CUDA
     cuda::recurrent_forward(prob, params, config);
@@ -88,7 +107,7 @@ void forward(const ForwardParams& params, const ExecConfig& config) {
 void backward(const BackwardParams& params, const ExecConfig& config) {
   const char* op = "gdr.backward";
   const Problem prob = validate_backward(params, op);
-  const Path path = resolve_backward(prob, config, op);
+  const Path path = resolve_backward(prob, params.saved, config, op);
   switch (path) {
     case Path::reference: cpu::reference_backward(prob, params); return;
     case Path::sequential: cpu::sequential_backward(prob, params, config); return;

@@ -31,7 +31,9 @@ inline std::int64_t tokens_per_sequence(const Problem& prob) {
   return prob.N > 0 ? (prob.B * prob.T) / prob.N : 0;
 }
 
-// The path `automatic` resolves to on the CPU.
+// The path `automatic` resolves to on the CPU. (A call given the saved-for-backward tensor
+// resolves to chunkwise in both directions whatever T is, dispatch.cpp: only that path fills and
+// reads it. Up to 64 tokens its forward is within 0.88-1.05x of the loop's, ratios above.)
 inline Path cpu_forward_path(const Problem& prob) {
   return tokens_per_sequence(prob) <= kCpuSequentialMaxTokens ? Path::sequential : Path::chunkwise;
 }

@@ -438,6 +438,43 @@ Problem validate_decode(const DecodeParams& p, const char* op) {
   return prob;
 }
 
+SavedShape saved_shape(const Problem& prob, int chunk_size) {
+  const i64 C = chunk_size;
+  SavedShape s;
+  // Non-varlen: B sequences of T tokens, ceil(T / C) chunks each. Varlen: ceil(L / C) <=
+  // (L + C - 1) / C, so sum_n ceil(L_n / C) <= floor((T + N (C - 1)) / C) whatever the lengths.
+  s.chunk_rows = prob.varlen ? (prob.T + prob.N * (C - 1)) / C : prob.B * ((prob.T + C - 1) / C);
+  s.Hv = prob.Hv;
+  // S [Dk, Dv] | Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv]
+  s.record = prob.Dk * prob.Dv + C * C + C * prob.Dk + 2 * C * prob.Dv;
+  s.dtype = prob.dtype == DType::f64 ? DType::f64 : DType::f32;
+  return s;
+}
+
+void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size, const char* op) {
+  if (!saved.defined()) return;
+  Checker c{op};
+  c.device = prob.device;
+  c.device_index = prob.device_index;
+  c.device_set = true;
+  c.device_from = "q";
+  const SavedShape want = saved_shape(prob, chunk_size);
+  const std::string expected =
+      "expected [chunk_rows, Hv, record] = [" + std::to_string(want.chunk_rows) + ", " +
+      std::to_string(want.Hv) + ", " + std::to_string(want.record) +
+      "] (chunk_rows = " + (prob.varlen ? "floor((T + N (C - 1)) / C)" : "B ceil(T / C)") +
+      ", record = Dk Dv + C^2 + C Dk + 2 C Dv, with C = chunk_size = " +
+      std::to_string(chunk_size) + "; gdr::saved_shape gives it)";
+  if (saved.rank != 3)
+    fail(op, "saved has rank " + std::to_string(saved.rank) + " (shape " + shape_str(saved) +
+                 "); " + expected);
+  c.basic("saved", saved);
+  if (saved.shape[0] != want.chunk_rows || saved.shape[1] != want.Hv ||
+      saved.shape[2] != want.record)
+    fail(op, "saved has shape " + shape_str(saved) + "; " + expected);
+  check_dtype(c, "saved", saved, {want.dtype});
+}
+
 SequenceSpan sequence_span(const Problem& prob, const Inputs& in, std::int64_t n) {
   SequenceSpan s;
   if (!prob.varlen) {

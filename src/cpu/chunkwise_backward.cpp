@@ -19,6 +19,8 @@
 //          as sum_{r >= t} sum_{j < t} t[r, j] (chunkwise_common.h): no O(1) terms that cancel
 //          only in exact arithmetic, so dg keeps its relative accuracy under extreme decay
 //      (row dots over Dk for scalar gates, elementwise products for per-key gates).
+//   With BackwardParams::saved (filled by the chunkwise forward) step 1 is skipped: S, Tinv, W,
+//   U and Vnew of every chunk are read from there, and no per-item buffers are allocated.
 //   dh0 is the dS that leaves the first chunk. dQ, dK are summed over the value heads sharing
 //   the key head; when a group is split over several items their partial sums are added after.
 #include <omp.h>
@@ -37,6 +39,7 @@ namespace {
 
 using chunkwise::i64;
 using chunkwise::MapMat;
+using chunkwise::SavedRecords;
 using chunkwise::WorkItem;
 using chunkwise::Workspace;
 
@@ -77,11 +80,7 @@ void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkI
       vnew = w.u.topRows(n);
       GDR_PRODUCT(st_W_S, n, Dv, Dk, vnew.noalias() -= w.qw.middleRows(n, n) * S);
       // Keep Tinv, W, U, Vnew for the reverse pass.
-      Real* keep = w.solved.data() + (r * chunks + c) * w.solved_stride();
-      MapMat<Real>(keep, n, n) = w.Tinv.topLeftCorner(n, n);
-      MapMat<Real>(keep + C * C, n, Dk) = w.qw.middleRows(n, n);
-      MapMat<Real>(keep + C * C + C * Dk, n, Dv) = w.u.topRows(n);
-      MapMat<Real>(keep + C * C + C * Dk + C * Dv, n, Dv) = vnew;
+      chunkwise::keep_solved(w, n, w.solved.data() + (r * chunks + c) * w.solved_stride());
       chunkwise::decay_state<Real, PerKey>(w, S);
       GDR_PRODUCT(st_S_update, Dk, Dv, n, S.noalias() += w.kd.topRows(n).transpose() * vnew);
     }
@@ -98,20 +97,19 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   chunkwise::prepare_gates<Real, PerKey>(w, n);
   chunkwise::gated_products<Real, PerKey>(w, n, true);
   chunkwise::decayed_rows<Real, PerKey>(w, n, true);
+  // Tinv, U and Vnew = U - W S are read in place; W joins e .* Q in qw for the [2n, Dk] product.
   using CMap = Eigen::Map<const chunkwise::Mat<Real>>;
-  w.Tinv.topLeftCorner(n, n) = CMap(solved, n, n);
+  const CMap Tinv(solved, n, n);
   w.qw.middleRows(n, n) = CMap(solved + C * C, n, w.Dk);
-  w.u.topRows(n) = CMap(solved + C * C + C * w.Dk, n, w.Dv);
+  const CMap U(solved + C * C + C * w.Dk, n, w.Dv);
+  const CMap vnew(solved + C * C + C * w.Dk + C * w.Dv, n, w.Dv);
   auto Q = w.q.topRows(n);
   auto K = w.k.topRows(n);
   auto V = w.v.topRows(n);
   auto beta = w.beta.head(n);
   auto W = w.qw.middleRows(n, n);
-  auto U = w.u.topRows(n);
   auto P = w.P.topLeftCorner(n, n);
-  auto vnew = w.vnew.topRows(n);
-  [[maybe_unused]] const int Dk = w.Dk, Dv = w.Dv;             // product shapes (GDR_PRODUCT)
-  vnew = CMap(solved + C * C + C * w.Dk + C * w.Dv, n, w.Dv);  // U - W S
+  [[maybe_unused]] const int Dk = w.Dk, Dv = w.Dv;  // product shapes (GDR_PRODUCT)
 
   // dVnew = scale P^T dO + (d .* K) dS;  Y = Vnew dS^T.
   auto dvb = w.dvb.topRows(n);
@@ -137,7 +135,7 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   GDR_PRODUCT(bwd_dS_update, Dk, Dv, 2 * n, dS.noalias() += w.qw.topRows(2 * n).transpose() * r2);
 
   // dVb = Tinv^T dVnew = -Tinv^T r2_bottom,  dKb = Tinv^T dW.
-  auto Tit = w.Tinv.topLeftCorner(n, n).transpose();
+  auto Tit = Tinv.transpose();
   auto dkb = w.dkb.topRows(n);
   auto x1 = x.topRows(n);
   GDR_PRODUCT_REGION(
@@ -223,14 +221,16 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
 
 template <class Real, bool PerKey>
 void backward_item(const Problem& prob, const BackwardParams& p, int C, const WorkItem& it,
-                   Workspace<Real>& w, const Sinks<Real>& sinks) {
+                   Workspace<Real>& w, const Sinks<Real>& sinks, const SavedRecords<Real>& saved) {
   const i64 Dk = prob.Dk, Dv = prob.Dv, L = it.seq.len, heads = it.hv1 - it.hv0;
   const i64 chunks = (L + C - 1) / C;
-  const std::size_t need = static_cast<std::size_t>(heads * chunks * Dk * Dv);
-  if (w.states.size() < need) w.states.resize(need);
-  const std::size_t need_solved = static_cast<std::size_t>(heads * chunks * w.solved_stride());
-  if (w.solved.size() < need_solved) w.solved.resize(need_solved);
-  state_pass<Real, PerKey>(prob, p, C, it, w);
+  if (!saved.defined()) {
+    const std::size_t need = static_cast<std::size_t>(heads * chunks * Dk * Dv);
+    if (w.states.size() < need) w.states.resize(need);
+    const std::size_t need_solved = static_cast<std::size_t>(heads * chunks * w.solved_stride());
+    if (w.solved.size() < need_solved) w.solved.resize(need_solved);
+    state_pass<Real, PerKey>(prob, p, C, it, w);
+  }
 
   const Real scale = static_cast<Real>(prob.scale);
   for (i64 r = 0; r < heads; ++r)
@@ -251,13 +251,17 @@ void backward_item(const Problem& prob, const BackwardParams& p, int C, const Wo
     w.dk_acc.topRows(n).setZero();
     for (i64 r = 0; r < heads; ++r) {
       const i64 hv = it.hv0 + r;
-      const MapMat<Real> S(w.states.data() + (r * chunks + c) * Dk * Dv, Dk, Dv);
+      // The state entering the chunk and its Tinv, W, U, Vnew: from `saved` or the state pass.
+      Real* S_in = saved.defined() ? saved.state(it.chunk_row0 + c, hv)
+                                   : w.states.data() + (r * chunks + c) * Dk * Dv;
+      const Real* solved = saved.defined() ? saved.solved(it.chunk_row0 + c, hv)
+                                           : w.solved.data() + (r * chunks + c) * w.solved_stride();
+      const MapMat<Real> S(S_in, Dk, Dv);
       MapMat<Real> dS(w.dS.data() + r * Dk * Dv, Dk, Dv);
       load_values<Real>(prob, p.in, span, hv, w.v.data());
       load_gates<Real>(prob, p.in, p.opts, span, hv, w.g.data(), w.beta.data());
       load_dout<Real>(prob, p.in, span, hv, p.dout, w.dout.data());
-      chunk_backward<Real, PerKey>(w, n, scale, S, dS,
-                                   w.solved.data() + (r * chunks + c) * w.solved_stride());
+      chunk_backward<Real, PerKey>(w, n, scale, S, dS, solved);
       store_value_grads<Real>(prob, p.in, span, hv, w.dv.data(), p.dv);
       double* part_a = nullptr;
       double* part_dt = nullptr;
@@ -294,6 +298,9 @@ void backward_all(const Problem& prob, const BackwardParams& p, const ExecConfig
   const i64 count = static_cast<i64>(plan.items.size());
   const i64 Wg = PerKey ? prob.Dk : 1;
   const bool gate_params = p.opts.gate_in_kernel && (p.dA_log.defined() || p.ddt_bias.defined());
+  // The forward's records (read only; SavedRecords hands out non-const pointers for both uses).
+  const SavedRecords<Real> saved =
+      p.saved.defined() ? SavedRecords<Real>(p.saved, prob.Dk, prob.Dv) : SavedRecords<Real>();
   // Per sequence: dA_log [Hv] and ddt_bias [Hv, Wg] contributions, summed in order below.
   std::vector<double> dA_parts, ddt_parts;
   if (gate_params) {
@@ -334,7 +341,7 @@ void backward_all(const Problem& prob, const BackwardParams& p, const ExecConfig
         sinks.key_partial =
             key_parts.data() + key_offset[(it.n * prob.Hk + it.hk) * plan.splits + it.split];
       try {
-        backward_item<Real, PerKey>(prob, p, config.chunk_size, it, *w, sinks);
+        backward_item<Real, PerKey>(prob, p, config.chunk_size, it, *w, sinks, saved);
       } catch (...) {
 #pragma omp critical(gdr_chunkwise_error)
         if (!error) error = std::current_exception();

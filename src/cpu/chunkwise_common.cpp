@@ -4,9 +4,29 @@
 
 #include <omp.h>
 
+#include <cstdint>
+
 #include "cpu/product_profile.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace gdr::cpu::chunkwise {
+
+void advise_huge_pages(void* data, i64 bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHuge = std::uintptr_t(2) << 20;
+  if (data == nullptr || bytes < 2 * static_cast<i64>(kHuge)) return;
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const std::uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1);
+  const std::uintptr_t last = (begin + static_cast<std::uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
 
 Plan make_plan(const Problem& prob, const Inputs& in, const ExecConfig& config) {
   Plan plan;
@@ -20,8 +40,13 @@ Plan make_plan(const Problem& prob, const Inputs& in, const ExecConfig& config) 
     plan.splits = s;
   }
   const i64 per = group / plan.splits;
+  const i64 C = config.chunk_size;
   std::vector<SequenceSpan> spans(static_cast<std::size_t>(prob.N));
-  for (i64 n = 0; n < prob.N; ++n) spans[n] = sequence_span(prob, in, n);
+  std::vector<i64> chunk_row0(static_cast<std::size_t>(prob.N + 1), 0);
+  for (i64 n = 0; n < prob.N; ++n) {
+    spans[n] = sequence_span(prob, in, n);
+    chunk_row0[n + 1] = chunk_row0[n] + (spans[n].len + C - 1) / C;
+  }
   for (i64 n = 0; n < prob.N; ++n)
     for (i64 hk = 0; hk < prob.Hk; ++hk)
       for (i64 s = 0; s < plan.splits; ++s) {
@@ -32,10 +57,12 @@ Plan make_plan(const Problem& prob, const Inputs& in, const ExecConfig& config) 
         it.hv0 = hk * group + s * per;
         it.hv1 = it.hv0 + per;
         it.seq = spans[n];
+        it.chunk_row0 = chunk_row0[n];
         plan.items.push_back(it);
       }
   std::stable_sort(plan.items.begin(), plan.items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.seq.len > b.seq.len; });
+  plan.chunk_rows = chunk_row0[prob.N];
   plan.threads = static_cast<int>(
       std::max<i64>(1, std::min<i64>(max_threads, static_cast<i64>(plan.items.size()))));
   return plan;
@@ -123,6 +150,21 @@ inline void diff_row(const double* __restrict a, const double* __restrict b, int
 }
 
 }  // namespace
+
+template <class Real>
+void keep_solved(const Workspace<Real>& w, int n, Real* solved) {
+  const i64 C = w.C, Dk = w.Dk, Dv = w.Dv;
+  // Each block: its first n rows, then zeros to the end of the block's [C, ...] slot.
+  auto keep = [n](Real* block, i64 slot, const auto& rows) {
+    const i64 used = i64(n) * rows.cols();
+    MapMat<Real>(block, n, rows.cols()) = rows;
+    std::fill(block + used, block + slot, Real(0));
+  };
+  keep(solved, C * C, w.Tinv.topLeftCorner(n, n));
+  keep(solved + C * C, C * Dk, w.qw.middleRows(n, n));
+  keep(solved + C * C + C * Dk, C * Dv, w.u.topRows(n));
+  keep(solved + C * C + C * Dk + C * Dv, C * Dv, w.vnew.topRows(n));
+}
 
 template <class Real, bool PerKey>
 void prepare_gates(Workspace<Real>& w, int n) {
@@ -374,6 +416,8 @@ void decay_state(const Workspace<Real>& w, MapMat<Real>& S) {
 
 template struct Workspace<float>;
 template struct Workspace<double>;
+template void keep_solved<float>(const Workspace<float>&, int, float*);
+template void keep_solved<double>(const Workspace<double>&, int, double*);
 
 #define GDR_CHUNKWISE_INSTANTIATE(Real, PerKey)                            \
   template void prepare_gates<Real, PerKey>(Workspace<Real>&, int);        \

@@ -28,7 +28,8 @@
 // so masks run in-chunk. Extra memory: the per-thread Workspace (O(C D + C^2), plus D^2 states
 // for the item's value heads) and, in the backward, per chunk and value head of the item being
 // worked on: the state entering the chunk [Dk, Dv] and its Tinv, W, U, Vnew
-// ([C, C], [C, Dk], [C, Dv], [C, Dv]; kept from the state pass for the reverse pass).
+// ([C, C], [C, Dk], [C, Dv], [C, Dv]; kept from the state pass for the reverse pass), unless the
+// caller's saved-for-backward tensor (SavedRecords below) holds them for every chunk already.
 #pragma once
 
 #ifndef EIGEN_DONT_PARALLELIZE
@@ -61,17 +62,50 @@ struct WorkItem {
   i64 n = 0, hk = 0, hv0 = 0, hv1 = 0;
   i64 split = 0;  // index of [hv0, hv1) within hk's group
   SequenceSpan seq;
+  i64 chunk_row0 = 0;  // row of the sequence's first chunk in `saved`: sum_{m < n} ceil(L_m / C)
 };
 
 struct Plan {
   int threads = 1;
   i64 splits = 1;  // value-head ranges per key head (1: the whole group in one item)
   std::vector<WorkItem> items;
+  i64 chunk_rows = 0;  // sum_n ceil(L_n / C): rows of `saved` that hold chunks
 };
+
+// The saved-for-backward tensor (ForwardParams::saved, [chunk_rows, Hv, record]): one record
+// per chunk and value head, the state entering the chunk followed by the chunk's `solved` block
+// (Workspace::solved_stride's layout):
+//   S [Dk, Dv] at 0 | Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv]  (at Dk Dv + ...)
+template <class Real>
+struct SavedRecords {
+  Real* data = nullptr;
+  i64 row_stride = 0, head_stride = 0;  // elements between chunk rows, between value heads
+  i64 state_size = 0;                   // Dk Dv: the solved block starts there
+
+  SavedRecords() = default;
+  SavedRecords(const TensorView& saved, i64 Dk, i64 Dv)
+      : data(static_cast<Real*>(saved.data)),
+        row_stride(saved.stride[0]),
+        head_stride(saved.stride[1]),
+        state_size(Dk * Dv) {}
+  bool defined() const { return data != nullptr; }
+  Real* state(i64 row, i64 hv) const { return data + row * row_stride + hv * head_stride; }
+  Real* solved(i64 row, i64 hv) const { return state(row, hv) + state_size; }
+};
+
+// Asks the kernel (Linux madvise MADV_HUGEPAGE) to back the 2 MB-aligned interior of
+// [data, data + bytes) with transparent huge pages, when bytes >= 4 MB; a no-op elsewhere. For
+// the saved tensor: a caller allocates it afresh every training step and the forward touches
+// every page first; at 4 KB a page, the page faults of a 92 MB tensor (T = 1024 of the seed
+// layer) cost more than the state pass it saves (measured on the 2-core EPYC VM, 2026-11-29:
+// 22k faults per step, ~15% of the step), one fault per 2 MB does not. Only advice: the data,
+// and memory outside the range, are untouched.
+void advise_huge_pages(void* data, i64 bytes);
 
 // Items for every (sequence, key head); a key head's group of value heads is split into
 // `splits` ranges only when there are fewer (sequence, key head) pairs than threads. Longest
 // sequences first so that the dynamic schedule balances varlen batches.
+// Every item's chunk_row0 uses config.chunk_size.
 Plan make_plan(const Problem& prob, const Inputs& in, const ExecConfig& config);
 
 // Per-thread buffers, allocated once per call and reused for every chunk (no allocation in the
@@ -122,6 +156,12 @@ struct Workspace {
   // for Tinv).
   i64 solved_stride() const { return i64(C) * C + i64(C) * Dk + 2 * i64(C) * Dv; }
 };
+
+// Copies the chunk's Tinv, W (qw's bottom n rows), U and Vnew from the workspace into a
+// `solved` block (Workspace::solved_stride's layout), for the backward's reverse pass. A chunk of
+// n < C tokens leaves the rest of each block as zeros, so every element is written.
+template <class Real>
+void keep_solved(const Workspace<Real>& w, int n, Real* solved);
 
 // Loads the chunk's gates into w.g / w.beta beforehand. Computes G, e, d, gn and the ratios
 // (gam for scalar gates, rf/cf for per-key gates) for n rows.

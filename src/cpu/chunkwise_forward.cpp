@@ -1,9 +1,12 @@
 // Chunkwise forward (SPEC Section 3), per chunk of n tokens and value head, state S [Dk, Dv]:
 //   [e .* Q ; W] S  (one [2n, Dk] x [Dk, Dv] product),  Vnew = U - W S,
 //   O = scale (e .* Q S + P Vnew),  S <- gn .* S + (d .* K)^T Vnew.
-// Only the running state is kept (one per value head of the item).
+// Only the running state is kept (one per value head of the item). When ForwardParams::saved is
+// given, every chunk's entering state S and its Tinv, W, U, Vnew are also written there (one
+// record per chunk and value head, chunkwise_common.h's SavedRecords) for the backward.
 #include <omp.h>
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 
@@ -18,12 +21,13 @@ namespace {
 
 using chunkwise::i64;
 using chunkwise::MapMat;
+using chunkwise::SavedRecords;
 using chunkwise::WorkItem;
 using chunkwise::Workspace;
 
 template <class Real, bool PerKey>
 void forward_item(const Problem& prob, const ForwardParams& p, int C, const WorkItem& it,
-                  Workspace<Real>& w) {
+                  Workspace<Real>& w, const SavedRecords<Real>& saved) {
   const i64 Dk = prob.Dk, Dv = prob.Dv, L = it.seq.len;
   const i64 heads = it.hv1 - it.hv0;
   const Real scale = static_cast<Real>(prob.scale);
@@ -43,7 +47,9 @@ void forward_item(const Problem& prob, const ForwardParams& p, int C, const Work
     }
     for (i64 r = 0; r < heads; ++r) {
       const i64 hv = it.hv0 + r;
+      const i64 row = it.chunk_row0 + c0 / C;
       MapMat<Real> S(w.S.data() + r * Dk * Dv, Dk, Dv);
+      if (saved.defined()) MapMat<Real>(saved.state(row, hv), Dk, Dv) = S;
       load_values<Real>(prob, p.in, span, hv, w.v.data());
       load_gates<Real>(prob, p.in, p.opts, span, hv, w.g.data(), w.beta.data());
       chunkwise::prepare_gates<Real, PerKey>(w, n);
@@ -60,6 +66,7 @@ void forward_item(const Problem& prob, const ForwardParams& p, int C, const Work
           O.noalias() += w.P.topLeftCorner(n, n).template triangularView<Eigen::Lower>() * vnew);
       O *= scale;
       store_output<Real>(prob, p.in, span, hv, w.o.data(), p.o);
+      if (saved.defined()) chunkwise::keep_solved(w, n, saved.solved(row, hv));
       chunkwise::decay_state<Real, PerKey>(w, S);
       GDR_PRODUCT(fwd_S_update, Dk, Dv, n, S.noalias() += w.kd.topRows(n).transpose() * vnew);
     }
@@ -74,6 +81,11 @@ void forward_all(const Problem& prob, const ForwardParams& p, const ExecConfig& 
   const chunkwise::Plan plan = chunkwise::make_plan(prob, p.in, config);
   const i64 heads = prob.group() / plan.splits;
   const i64 count = static_cast<i64>(plan.items.size());
+  const SavedRecords<Real> saved =
+      p.saved.defined() ? SavedRecords<Real>(p.saved, prob.Dk, prob.Dv) : SavedRecords<Real>();
+  const i64 rows = p.saved.shape[0], record = p.saved.shape[2];
+  if (saved.defined() && saved.head_stride == record && saved.row_stride == prob.Hv * record)
+    chunkwise::advise_huge_pages(saved.data, rows * prob.Hv * record * i64(sizeof(Real)));
   std::exception_ptr error;
 #pragma omp parallel num_threads(plan.threads)
   {
@@ -89,7 +101,7 @@ void forward_all(const Problem& prob, const ForwardParams& p, const ExecConfig& 
     for (i64 i = 0; i < count; ++i) {
       if (!w) continue;
       try {
-        forward_item<Real, PerKey>(prob, p, config.chunk_size, plan.items[i], *w);
+        forward_item<Real, PerKey>(prob, p, config.chunk_size, plan.items[i], *w, saved);
       } catch (...) {
 #pragma omp critical(gdr_chunkwise_error)
         if (!error) error = std::current_exception();
@@ -97,6 +109,12 @@ void forward_all(const Problem& prob, const ForwardParams& p, const ExecConfig& 
     }
   }
   if (error) std::rethrow_exception(error);
+  // Rows of `saved` past the last sequence's chunks (its varlen shape is an upper bound): zeros,
+  // so that every element of `saved` is a function of the inputs.
+  if (saved.defined())
+    for (i64 row = plan.chunk_rows; row < rows; ++row)
+      for (i64 hv = 0; hv < prob.Hv; ++hv)
+        std::fill(saved.state(row, hv), saved.state(row, hv) + record, Real(0));
 }
 
 template <class Real>

@@ -353,22 +353,26 @@ void randomize_grad_seeds(TestData& d, std::uint64_t seed) {
   }
 }
 
-ForwardResult run_forward(TestData& d, Path path, ExecConfig config) {
+ForwardResult run_forward(TestData& d, Path path, ExecConfig config, const TensorView& saved) {
   d.o.poison();
   d.final_state.poison();
   config.path = path;
-  gdr::forward(d.forward_params(), config);
+  ForwardParams p = d.forward_params();
+  p.saved = saved;
+  gdr::forward(p, config);
   ForwardResult r;
   r.o = d.o.to_double();
   r.final_state = d.final_state.to_double();
   return r;
 }
 
-BackwardResult run_backward(TestData& d, Path path, ExecConfig config) {
+BackwardResult run_backward(TestData& d, Path path, ExecConfig config, const TensorView& saved) {
   for (HostTensor* t : {&d.dq, &d.dk, &d.dv, &d.dg, &d.dbeta, &d.dA_log, &d.ddt_bias, &d.dh0})
     t->poison();
   config.path = path;
-  gdr::backward(d.backward_params(), config);
+  BackwardParams p = d.backward_params();
+  p.saved = saved;
+  gdr::backward(p, config);
   BackwardResult r;
   r.dq = d.dq.to_double();
   r.dk = d.dk.to_double();
@@ -379,6 +383,13 @@ BackwardResult run_backward(TestData& d, Path path, ExecConfig config) {
   r.ddt_bias = d.ddt_bias.to_double();
   r.dh0 = d.dh0.to_double();
   return r;
+}
+
+HostTensor make_saved(const TestData& d, int chunk_size) {
+  const SavedShape shape = saved_shape(validate_forward(d.forward_params()), chunk_size);
+  HostTensor saved(shape.dtype, {shape.chunk_rows, shape.Hv, shape.record});
+  saved.poison();
+  return saved;
 }
 
 double loss(const TestData& d, const ForwardResult& r) {

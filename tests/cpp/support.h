@@ -116,9 +116,16 @@ struct BackwardResult {
 };
 
 // Poisons the outputs with NaN, runs gdr::forward / gdr::backward with config.path = path and
-// returns the outputs as doubles. Exceptions from gdr propagate.
-ForwardResult run_forward(TestData& d, Path path, ExecConfig config = {});
-BackwardResult run_backward(TestData& d, Path path, ExecConfig config = {});
+// returns the outputs as doubles. Exceptions from gdr propagate. `saved` (optional) is passed as
+// ForwardParams::saved (written) / BackwardParams::saved (read).
+ForwardResult run_forward(TestData& d, Path path, ExecConfig config = {},
+                          const TensorView& saved = {});
+BackwardResult run_backward(TestData& d, Path path, ExecConfig config = {},
+                            const TensorView& saved = {});
+
+// A saved-for-backward tensor for d's call with `chunk_size` (gdr::saved_shape), every element
+// NaN, so that a record the forward does not write poisons the backward that reads it.
+HostTensor make_saved(const TestData& d, int chunk_size);
 
 // The float64 oracle: the reference path on a float64 copy of every float tensor (exact for
 // f16/bf16/f32 inputs), so o and the gradients are not rounded to the input dtype. Prefer these

@@ -3,6 +3,9 @@
 // bf16 / f16 inputs (the reference reads the same rounded inputs). Fresh random inputs every
 // run (the seed is in each failure message); outputs poisoned with NaN before each call; o,
 // the final state and every gradient (dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias) checked.
+// Every case runs twice: the backward recomputing the chunk states itself, and the training
+// step of the torch layer, a forward that fills the saved-for-backward tensor (poisoned with NaN
+// first) and a backward that reads it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,6 +45,13 @@ void check_case(const Case& c, int chunk, int threads) {
   const BackwardResult gref = run_backward(d, Path::reference);
   const BackwardResult ggot = run_backward(d, Path::chunkwise, cfg);
   expect_backward_close(ggot, gref, backward_tolerance(d.c), label);
+
+  // Forward saves, backward reuses.
+  HostTensor saved = make_saved(d, chunk);
+  const ForwardResult sgot = run_forward(d, Path::chunkwise, cfg, saved.view());
+  expect_forward_close(sgot, ref, forward_tolerance(d.c), label + " saved");
+  const BackwardResult sggot = run_backward(d, Path::chunkwise, cfg, saved.view());
+  expect_backward_close(sggot, gref, backward_tolerance(d.c), label + " saved");
 }
 
 const char* gate_name(GateKind g) {
@@ -378,6 +388,146 @@ TEST(Chunkwise, ExtremeDecayEverywhereGateGradient) {
         expect_backward_close(ggot, gref, backward_tolerance(d.c), label);
       }
     }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+using gdr::BackwardParams;
+using gdr::ForwardParams;
+
+// The saved-for-backward tensor (ForwardParams::saved / BackwardParams::saved) beyond the case
+// list above.
+
+// The backward reads the saved records rather than recomputing them: records poisoned between
+// forward and backward reach every gradient, and the forward's records give the reference's
+// gradients.
+TEST(ChunkwiseSaved, BackwardReadsTheRecords) {
+  Case c;
+  c.T = 100;
+  c.Hk = 1;
+  c.Hv = 2;
+  c.Dk = 32;
+  c.Dv = 32;
+  TestData d = make_problem(c);
+  const std::string label = describe(d.c, d.seed);
+  ExecConfig cfg;
+  cfg.chunk_size = 32;
+  HostTensor saved = make_saved(d, cfg.chunk_size);
+  run_forward(d, Path::chunkwise, cfg, saved.view());
+  const BackwardResult gref = reference_backward(d);
+  expect_backward_close(run_backward(d, Path::chunkwise, cfg, saved.view()), gref,
+                        backward_tolerance(d.c), label);
+  saved.poison();
+  const BackwardResult bad = run_backward(d, Path::chunkwise, cfg, saved.view());
+  for (const Field& f : fields(bad, gref)) {
+    if (f.got->empty()) continue;
+    bool any_nan = false;
+    for (double x : *f.got) any_nan |= std::isnan(x);
+    EXPECT_TRUE(any_nan) << f.name << " " << label;
+  }
+}
+
+// Varlen: chunk_rows is an upper bound from shapes only; the forward writes every element (zeros
+// past the last sequence's chunks and after the n rows of a short chunk) and the results match
+// the reference. Forward and backward run with different thread counts, so their plans split
+// the GQA group differently.
+TEST(ChunkwiseSaved, VarlenRowsAndThreadCounts) {
+  Case c;
+  c.seqlens = {17, 0, 70, 1, 130};  // chunks of 16: 2 + 0 + 5 + 1 + 9 = 17 rows used
+  c.Hk = 1;
+  c.Hv = 4;
+  c.Dk = 32;
+  c.Dv = 16;
+  c.mask = true;
+  c.gate = GateKind::per_key;
+  TestData d = make_problem(c);
+  const std::string label = describe(d.c, d.seed);
+  ExecConfig fwd_cfg, bwd_cfg;
+  fwd_cfg.chunk_size = bwd_cfg.chunk_size = 16;
+  fwd_cfg.num_threads = 1;
+  bwd_cfg.num_threads = 4;
+  HostTensor saved = make_saved(d, 16);
+  ASSERT_EQ(saved.shape()[0], (218 + 5 * 15) / 16);  // floor((T + N (C - 1)) / C) = 18
+  expect_forward_close(run_forward(d, Path::chunkwise, fwd_cfg, saved.view()), reference_forward(d),
+                       forward_tolerance(d.c), label);
+  const std::int64_t per_row = saved.numel() / saved.shape()[0];
+  std::int64_t unwritten = 0, nonzero_past_end = 0;
+  for (std::int64_t i = 0; i < saved.numel(); ++i) {
+    unwritten += std::isnan(saved.get(i));
+    if (i >= 17 * per_row) nonzero_past_end += saved.get(i) != 0.0;
+  }
+  EXPECT_EQ(unwritten, 0) << label;
+  EXPECT_EQ(nonzero_past_end, 0) << label;
+  expect_backward_close(run_backward(d, Path::chunkwise, bwd_cfg, saved.view()),
+                        reference_backward(d), backward_tolerance(d.c), label);
+}
+
+// With `saved`, automatic resolves to chunkwise in both directions (without it, a 16-token call
+// takes the per-token loop forward).
+TEST(ChunkwiseSaved, AutomaticResolvesToChunkwise) {
+  Case c;
+  c.T = 16;
+  c.Dk = 16;
+  c.Dv = 16;
+  TestData d = make_problem(c);
+  HostTensor saved = make_saved(d, 64);
+  ForwardParams fp = d.forward_params();
+  BackwardParams bp = d.backward_params();
+  EXPECT_EQ(gdr::resolve_forward_path(fp), Path::sequential);
+  fp.saved = bp.saved = saved.view();
+  EXPECT_EQ(gdr::resolve_forward_path(fp), Path::chunkwise);
+  EXPECT_EQ(gdr::resolve_backward_path(bp), Path::chunkwise);
+  const std::string label = describe(d.c, d.seed);
+  expect_forward_close(run_forward(d, Path::automatic, {}, saved.view()), reference_forward(d),
+                       forward_tolerance(d.c), label);
+  expect_backward_close(run_backward(d, Path::automatic, {}, saved.view()), reference_backward(d),
+                        backward_tolerance(d.c), label);
+}
+
+// A saved tensor with padded rows (strides [Hv (record + 5), record + 5, 1], NaN in the padding)
+// works like a contiguous one.
+TEST(ChunkwiseSaved, StridedTensor) {
+  Case c;
+  c.T = 70;
+  c.Hk = 1;
+  c.Hv = 2;
+  c.Dk = 16;
+  c.Dv = 16;
+  c.gate = GateKind::per_key;
+  TestData d = make_problem(c);
+  const gdr::SavedShape shape = gdr::saved_shape(gdr::validate_forward(d.forward_params()), 32);
+  HostTensor saved(shape.dtype, {shape.chunk_rows, shape.Hv, shape.record}, 5);
+  saved.poison();
+  ExecConfig cfg;
+  cfg.chunk_size = 32;
+  const std::string label = describe(d.c, d.seed);
+  expect_forward_close(run_forward(d, Path::chunkwise, cfg, saved.view()), reference_forward(d),
+                       forward_tolerance(d.c), label);
+  expect_backward_close(run_backward(d, Path::chunkwise, cfg, saved.view()), reference_backward(d),
+                        backward_tolerance(d.c), label);
+}
+
+// Extreme decay everywhere (see ExtremeDecayEverywhereGateGradient) through the saved records.
+TEST(ChunkwiseSaved, ExtremeDecayEverywhere) {
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c;
+    c.T = 200;
+    c.Hk = 1;
+    c.Hv = 1;
+    c.Dk = 64;
+    c.Dv = 64;
+    c.gate = gate;
+    TestData d = make_problem(c);
+    d.g.fill(-30.0);
+    const std::string label = describe(d.c, d.seed) + " g=-30";
+    HostTensor saved = make_saved(d, 64);
+    expect_forward_close(run_forward(d, Path::chunkwise, {}, saved.view()), reference_forward(d),
+                         forward_tolerance(d.c), label);
+    expect_backward_close(run_backward(d, Path::chunkwise, {}, saved.view()), reference_backward(d),
+                          backward_tolerance(d.c), label);
   }
 }
 

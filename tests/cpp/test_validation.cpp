@@ -501,6 +501,99 @@ TEST_F(Validation, BackwardOptionalGradients) {
                  {"ddt_bias has shape [2]; expected the shape of dt_bias [4]"});
 }
 
+// The saved-for-backward tensor: [chunk_rows, Hv, record] f32 for f32 inputs, checked against
+// gdr::saved_shape for the call's chunk size before any memory is touched, in both directions.
+TEST_F(Validation, SavedForBackward) {
+  // B = 2, T = 5, Hv = 4, Dk = 8, Dv = 6, C = 64: rows 2 ceil(5 / 64) = 2,
+  // record 8 * 6 + 64^2 + 64 * 8 + 2 * 64 * 6 = 5424.
+  const SavedShape want = saved_shape(validate_forward(fp), 64);
+  EXPECT_EQ(want.chunk_rows, 2);
+  EXPECT_EQ(want.Hv, 4);
+  EXPECT_EQ(want.record, 5424);
+  EXPECT_EQ(want.dtype, DType::f32);
+  EXPECT_EQ(want.bytes(), 2 * 4 * 5424 * 4);
+  EXPECT_EQ(saved_shape(validate_forward(fp), 16).record, 48 + 256 + 128 + 192);
+  HostTensor saved(DType::f32, {2, 4, 5424});
+  for (const std::string op : {"gdr.forward", "gdr.backward"}) {
+    const bool forward = op == "gdr.forward";
+    TensorView& view = forward ? fp.saved : bp.saved;
+    const std::string role = forward ? "written" : "read";
+    auto call = [&](const ExecConfig& cfg, const std::vector<std::string>& parts) {
+      if (forward)
+        expect_invalid([&] { gdr::forward(fp, cfg); }, parts);
+      else
+        expect_invalid([&] { gdr::backward(bp, cfg); }, parts);
+    };
+    view = saved.view();
+    EXPECT_NO_THROW(forward ? gdr::resolve_forward_path(fp) : gdr::resolve_backward_path(bp));
+    view.rank = 2;
+    call({}, {op + ": saved has rank 2 (shape [2, 4]); expected [chunk_rows, Hv, record] = "
+                   "[2, 4, 5424] (chunk_rows = B ceil(T / C), record = Dk Dv + C^2 + C Dk + "
+                   "2 C Dv, with C = chunk_size = 64; gdr::saved_shape gives it)"});
+    view = saved.view();
+    view.shape[0] = 3;
+    call({}, {op + ": saved has shape [3, 4, 5424]; expected [chunk_rows, Hv, record] = "
+                   "[2, 4, 5424]"});
+    view = saved.view();
+    view.shape[1] = 2;
+    call({}, {"saved has shape [2, 2, 5424]"});
+    view = saved.view();
+    ExecConfig c16;
+    c16.chunk_size = 16;
+    call(c16, {op + ": saved has shape [2, 4, 5424]; expected [chunk_rows, Hv, record] = "
+                    "[2, 4, 624]",
+               "C = chunk_size = 16"});
+    view.dtype = DType::f16;
+    call({}, {op + ": saved has dtype float16; expected float32"});
+    view.dtype = DType::f64;
+    call({}, {"saved has dtype float64; expected float32"});
+    view = saved.view();
+    view.stride[2] = 2;
+    call({}, {"saved has stride 2 in its last dim; the last dim must be contiguous"});
+    view = saved.view();
+    view.device = DeviceType::cuda;
+    call({}, {op + ": saved is on cuda:0; all tensors must be on one device (q is on cpu)"});
+    view = saved.view();
+    view.data = nullptr;
+    call({}, {"saved has no data (null pointer)"});
+    view = saved.view();
+    for (Path path : {Path::sequential, Path::reference}) {
+      ExecConfig forced;
+      forced.path = path;
+      call(forced, {op + ": saved is given with path " + std::string(to_string(path)) +
+                    "; saved is " + role + " by the chunkwise path only"});
+    }
+    view = TensorView{};
+  }
+  // Tensors on cuda: refused whatever the build (only the CPU chunkwise path writes it).
+  ForwardParams on_cuda = fp;
+  on_cuda.saved = saved.view();
+  for (TensorView* t :
+       {&on_cuda.in.q, &on_cuda.in.k, &on_cuda.in.v, &on_cuda.in.g, &on_cuda.in.beta,
+        &on_cuda.in.h0, &on_cuda.o, &on_cuda.final_state, &on_cuda.saved})
+    t->device = DeviceType::cuda;
+  expect_invalid([&] { gdr::forward(on_cuda); },
+                 {"gdr.forward: saved is given but the tensors are on cuda; saved is written by "
+                  "the CPU chunkwise path only"});
+  // float64 inputs keep float64 records.
+  Case c64 = c;
+  c64.dtype = DType::f64;
+  TestData e = make_problem(c64);
+  EXPECT_EQ(saved_shape(validate_forward(e.forward_params()), 64).dtype, DType::f64);
+  // Varlen: floor((T + N (C - 1)) / C) rows, from the shapes alone.
+  Case v = c;
+  v.B = 1;
+  v.seqlens = {3, 0, 70};
+  TestData f = make_problem(v);
+  EXPECT_EQ(saved_shape(validate_forward(f.forward_params()), 32).chunk_rows, (73 + 3 * 31) / 32);
+  ForwardParams vp = f.forward_params();
+  HostTensor vs(DType::f32, {1, 4, 5424});
+  vp.saved = vs.view();
+  expect_invalid([&] { gdr::forward(vp); },
+                 {"saved has shape [1, 4, 5424]; expected [chunk_rows, Hv, record] = [4, 4, "
+                  "5424] (chunk_rows = floor((T + N (C - 1)) / C)"});  // (73 + 3 * 63) / 64
+}
+
 class DecodeValidation : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -67,14 +67,15 @@ def _ref(x, extra):
         state_layout=extra["state_layout"])
 
 
-def _gdr(x, extra, path, chunk_size=64):
+def _gdr(x, extra, path, chunk_size=64, save=False):
     return gdr.chunk_gated_delta_rule(
         x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x.get("initial_state"),
         output_final_state=True, cu_seqlens=extra.get("cu_seqlens"), mask=extra.get("mask"),
         use_qk_l2norm_in_kernel=extra.get("use_qk_l2norm_in_kernel", False),
         A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
         use_beta_sigmoid_in_kernel=extra.get("use_beta_sigmoid_in_kernel", False),
-        state_layout=extra["state_layout"], path=path, chunk_size=chunk_size)
+        state_layout=extra["state_layout"], path=path, chunk_size=chunk_size,
+        save_chunk_intermediates=save)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -82,7 +83,7 @@ def _gdr(x, extra, path, chunk_size=64):
 def test_forward_and_gradients_match_float64(name, path):
     x, extra = _setup(CASES[name])
     leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
-    o, fs = _gdr(leaves, extra, path)
+    o, fs = _gdr(leaves, extra, path, save=path == "chunkwise")  # chunkwise: the saved mode
     assert o.dtype == x["q"].dtype and fs.dtype == torch.float32
     ref_leaves = {k: t.detach().double().requires_grad_() for k, t in x.items()}
     o_ref, fs_ref = _ref(ref_leaves, extra)
@@ -157,9 +158,87 @@ def test_low_precision_initial_state_is_upcast():
     h0 = x["initial_state"].bfloat16().requires_grad_()
     o, fs = gdr.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                        initial_state=h0, output_final_state=True)
+    # (an fp32 h0 that requires grad as well: the same training-mode path, saved tensor and all)
     o32, fs32 = gdr.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                           initial_state=h0.detach().float(),
+                                           initial_state=h0.detach().float().requires_grad_(),
                                            output_final_state=True)
     assert fs.dtype == torch.float32 and torch.equal(o, o32) and torch.equal(fs, fs32)
     fs.sum().backward()
     assert h0.grad is not None and h0.grad.dtype == torch.bfloat16
+
+
+# ---- the saved-for-backward tensor (CPU chunkwise training path) ---------------------------------
+
+SAVED_CASES = ["T1", "T63_gqa4_strong_h0", "T64_perkey_h0", "T200_extreme_d64", "mask",
+               "varlen_empty_seq", "fused_opts", "fused_perkey", "v_first"]
+
+
+def _op_args(x, extra, chunk_size):
+    return (x["q"], x["k"], x["v"], x["g"], x["beta"], x.get("A_log"), x.get("dt_bias"),
+            x.get("initial_state"), extra.get("mask"), extra.get("cu_seqlens"),
+            x["q"].shape[-1] ** -0.5, extra["state_layout"], "A_log" in x,
+            extra.get("use_beta_sigmoid_in_kernel", False),
+            extra.get("use_qk_l2norm_in_kernel", False), True, "chunkwise", chunk_size)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64])
+@pytest.mark.parametrize("name", SAVED_CASES)
+def test_op_backward_with_saved_tensor_matches_float64(name, chunk_size):
+    # torch.ops.gdr.forward fills the saved tensor (poisoned with NaN by a first call that must
+    # overwrite it); torch.ops.gdr.backward reads it. o, final state and every gradient against
+    # the float64 recurrence.
+    from gdr import _C, _ops
+    x, extra = _setup(CASES[name])
+    args = _op_args(x, extra, chunk_size)
+    o, fs, saved = torch.ops.gdr.forward(*args, True)
+    cu = extra.get("cu_seqlens")
+    n = len(cu) - 1 if cu is not None else x["q"].shape[0]
+    want = _C.saved_shape(x["q"].shape[0], x["q"].shape[1], n, cu is not None, x["v"].shape[2],
+                          x["k"].shape[3], x["v"].shape[3], chunk_size, False)
+    assert tuple(saved.shape) == tuple(want) == _ops.saved_shape(x["q"], x["k"], x["v"], cu,
+                                                                 chunk_size)
+    assert saved.dtype == torch.float32
+    ref_leaves = {k: t.detach().double().requires_grad_() for k, t in x.items()}
+    o_ref, fs_ref = _ref(ref_leaves, extra)
+    assert rel_err(o, o_ref) < TOL_FWD and rel_err(fs, fs_ref) < TOL_FWD
+    do, dfs = torch.randn_like(o), torch.randn_like(fs)
+    grads = torch.ops.gdr.backward(do, dfs, *args[:10], *args[10:15], "chunkwise", chunk_size,
+                                   saved)
+    ((o_ref * do.double()).sum() + (fs_ref * dfs.double()).sum()).backward()
+    names = ["q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state"]
+    for key, got in zip(names, grads):
+        if key not in x:
+            continue
+        err = rel_err(got, ref_leaves[key].grad)
+        assert err < TOL_GRAD, f"d{key}: {err:.3e}"
+    # The backward reads the tensor: a poisoned copy poisons dq (dq = scale e .* (dO S^T) + ...,
+    # S the state entering the chunk, read from it).
+    bad = torch.ops.gdr.backward(do, dfs, *args[:10], *args[10:15], "chunkwise", chunk_size,
+                                 torch.full_like(saved, float("nan")))
+    assert torch.isnan(bad[0]).any()
+
+
+@pytest.mark.parametrize("path", ["auto", "chunkwise", "sequential"])
+def test_autograd_keeps_the_saved_tensor_on_cpu_training_paths(path):
+    # chunk_gated_delta_rule(save_chunk_intermediates=True) with inputs that require grad:
+    # autograd keeps the saved tensor for the chunkwise and automatic paths (and gradients
+    # match), not for the per-token loop; without the keyword (the default) it is not made.
+    x, extra = _setup(dict(B=1, T=70, Hk=1, Hv=2, Dk=16, Dv=16, h0=True))
+    leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
+    o_default, _ = _gdr(leaves, extra, path)
+    assert o_default.grad_fn.saved_tensors[-1] is None
+    o, fs = _gdr(leaves, extra, path, save=True)
+    kept = o.grad_fn.saved_tensors[-1]
+    if path == "sequential":
+        assert kept is None
+    else:
+        assert tuple(kept.shape) == (2, 2, 16 * 16 + 64 * 64 + 64 * 16 + 2 * 64 * 16)
+    (o.sum() + fs.sum()).backward()
+    ref_leaves = {k: t.detach().double().requires_grad_() for k, t in x.items()}
+    o_ref, fs_ref = _ref(ref_leaves, extra)
+    (o_ref.sum() + fs_ref.sum()).backward()
+    for key in x:
+        assert rel_err(leaves[key].grad, ref_leaves[key].grad) < TOL_GRAD, key
+    with torch.no_grad():
+        o2, _ = _gdr(leaves, extra, path)
+    assert o2.grad_fn is None and rel_err(o2, o) < TOL_FWD
