@@ -9,7 +9,8 @@
 // The two paths' outputs are compared (relative Frobenius error of o and dq, dk, dv, dg).
 //
 // Paths: sequential, chunkwise, reference, automatic. With --direction fwdbwd, chunkwise and
-// automatic run a training step as the torch layer does: the forward fills the saved-for-backward
+// automatic run a training step as the torch layer does with save_chunk_intermediates=True (its
+// opt-in, beyond SPEC Section 3's chunk-boundary states): the forward fills the saved-for-backward
 // tensor (ForwardParams::saved, allocated inside the timed call as a training step would) and
 // the backward reads it instead of recomputing the chunk states; `chunkwise:recompute` and
 // `automatic:recompute` leave it out (the backward then runs its own state pass).

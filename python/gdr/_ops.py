@@ -6,11 +6,11 @@ unchanged (ValueError for bad arguments, RuntimeError for failures while running
 
 Autograd: forward's gradient is the backward operator (SPEC Section 4), registered with
 register_autograd. Fake (meta) implementations make the operators traceable by torch.compile.
-When gradients are needed on the CPU (save_for_backward, see wants_saved), forward also returns
-the saved-for-backward tensor of the chunkwise path (include/gdr/params.h, ForwardParams::saved:
-the state entering each chunk and the chunk's Tinv, W, U, Vnew; 2.75 KB per token and value
-head at Dk = Dv = 128, chunk 64); autograd keeps it and hands it to backward, which then skips
-its recomputation of those.
+When asked (save_for_backward=True: chunk_gated_delta_rule(save_chunk_intermediates=True) on a
+CPU training call, see wants_saved), forward also returns the saved-for-backward tensor of the
+chunkwise path (include/gdr/params.h, ForwardParams::saved: the state entering each chunk and
+the chunk's Tinv, W, U, Vnew; 2.75 KB per token and value head at Dk = Dv = 128, chunk 64);
+autograd keeps it and hands it to backward, which then skips its recomputation of those.
 """
 
 from __future__ import annotations

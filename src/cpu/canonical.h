@@ -9,9 +9,8 @@
 //
 //   q_hat, k_hat [L, Dk]  (L2-normalised when opts.qk_l2norm; per key head)
 //   v            [L, Dv]  (per value head)
-//   g_log        [L] or [L, Dk]  log decay; with gate_in_kernel g = -exp(A_log) softplus(a +
-//   dt_bias);
-//                0 at masked positions
+//   g_log        [L] or [L, Dk]  log decay (with gate_in_kernel
+//                g = -exp(A_log) softplus(a + dt_bias)); 0 at masked positions
 //   beta         [L]      sigmoid(b) when opts.beta_sigmoid; 0 at masked positions
 //   S            [Dk, Dv] k-first state, whatever opts.state_layout says
 //

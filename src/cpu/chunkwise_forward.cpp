@@ -83,7 +83,8 @@ void forward_all(const Problem& prob, const ForwardParams& p, const ExecConfig& 
   const i64 count = static_cast<i64>(plan.items.size());
   const SavedRecords<Real> saved =
       p.saved.defined() ? SavedRecords<Real>(p.saved, prob.Dk, prob.Dv) : SavedRecords<Real>();
-  const i64 rows = p.saved.shape[0], record = p.saved.shape[2];
+  const i64 rows = saved.defined() ? p.saved.shape[0] : 0;
+  const i64 record = saved.defined() ? p.saved.shape[2] : 0;
   if (saved.defined() && saved.head_stride == record && saved.row_stride == prob.Hv * record)
     chunkwise::advise_huge_pages(saved.data, rows * prob.Hv * record * i64(sizeof(Real)));
   std::exception_ptr error;
