@@ -4,7 +4,9 @@
 For each T, one layer (B=1, Hk=16, Hv=32, Dk=Dv=128, fp32, scalar gate, loss = sum(dout * o),
 gradients of q, k, v, g, beta), each in a fresh process, in turn (gdr, torch, hf, mlx;
 `--rounds` times, medians over rounds):
-  gdr    build/<...>/bench/cpu_paths --mode single --a chunkwise (C++, no Python bindings)
+  gdr    build/<...>/bench/cpu_paths --mode single --a chunkwise (C++, no Python bindings; the
+         training step of the torch layer's default: the forward saves the chunk-boundary
+         states, SPEC Section 3; --gdr-path chunkwise:intermediates or :recompute for the others)
   torch  bench/peers/torch_chunked.py   PyTorch autograd through the chunked form (SPEC 3)
   hf     bench/peers/hf_chunked.py      PyTorch autograd through transformers' Qwen3-Next CPU
                                         fallback, torch_chunk_gated_delta_rule (if installed)
@@ -100,6 +102,9 @@ def main():
     p.add_argument("--seed", type=int, default=20261129)
     p.add_argument("--build", default=os.path.join(ROOT, "build", "release"),
                    help="CMake build directory holding bench/cpu_paths and bench/cpu_peak")
+    p.add_argument("--gdr-path", default="chunkwise",
+                   help="cpu_paths path for gdr: chunkwise (saves chunk states), "
+                        "chunkwise:intermediates, chunkwise:recompute")
     p.add_argument("--out", default="", help="default: bench/results/<date>-cpu.json")
     p.add_argument("--timeout", type=int, default=1800)
     args = p.parse_args()
@@ -137,6 +142,7 @@ def main():
         "shape": shape,
         "dtype": "f32",
         "threads": args.threads,
+        "gdr_path": args.gdr_path,
         "method": __doc__.strip().split("\n\n")[1],
         "rows": [],
     }
@@ -148,7 +154,7 @@ def main():
         sides = {"gdr": [], "torch": [], "hf": [], "mlx": []}
         for r in range(args.rounds):
             sides["gdr"].append(run_json(
-                [cpu_paths, "--mode", "single", "--a", "chunkwise", "--direction", "fwdbwd",
+                [cpu_paths, "--mode", "single", "--a", args.gdr_path, "--direction", "fwdbwd",
                  "--T", str(T), "--pairs", str(args.repeats)] + common, args.timeout))
             if have_torch and T <= args.torch_max_T:
                 sides["torch"].append(run_json(

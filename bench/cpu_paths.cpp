@@ -9,11 +9,12 @@
 // The two paths' outputs are compared (relative Frobenius error of o and dq, dk, dv, dg).
 //
 // Paths: sequential, chunkwise, reference, automatic. With --direction fwdbwd, chunkwise and
-// automatic run a training step as the torch layer does with save_chunk_intermediates=True (its
-// opt-in, beyond SPEC Section 3's chunk-boundary states): the forward fills the saved-for-backward
-// tensor (ForwardParams::saved, allocated inside the timed call as a training step would) and
-// the backward reads it instead of recomputing the chunk states; `chunkwise:recompute` and
-// `automatic:recompute` leave it out (the backward then runs its own state pass).
+// automatic run a training step as the torch layer does by default (SPEC Section 3): the forward
+// fills the saved-for-backward tensor with the chunk-boundary states (ForwardParams::saved,
+// allocated inside the timed call as a training step would) and the backward reads them and
+// recomputes each chunk's Tinv, W, U, Vnew; the suffix `:intermediates` saves those too (the
+// torch layer's save_chunk_intermediates=True, beyond SPEC Section 3), `:recompute` leaves the
+// saved tensor out (the backward then runs its own pass over the chunks).
 //
 // --mode single: one path only, `pairs` timed runs after a warm-up, and its peak memory (peak
 // RSS of this process minus its RSS once inputs and outputs are allocated); run it in a fresh
@@ -93,25 +94,34 @@ struct Options {
   }
 };
 
-// A path as the command line names it: the gdr path and whether a fwdbwd call goes through the
-// saved-for-backward tensor.
+// A path as the command line names it: the gdr path and what a fwdbwd call saves for backward.
 struct PathSpec {
   gdr::Path path = gdr::Path::chunkwise;
   bool saved = false;
+  gdr::SavedContent content = gdr::SavedContent::chunk_states;
 };
 
 PathSpec parse_path(const std::string& s) {
-  const std::string suffix = ":recompute";
-  const bool recompute =
-      s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  const std::string name = recompute ? s.substr(0, s.size() - suffix.size()) : s;
-  if (name == "sequential" && !recompute) return {gdr::Path::sequential, false};
-  if (name == "reference" && !recompute) return {gdr::Path::reference, false};
-  if (name == "chunkwise") return {gdr::Path::chunkwise, !recompute};
-  if (name == "automatic") return {gdr::Path::automatic, !recompute};
+  const std::size_t colon = s.find(':');
+  const std::string name = s.substr(0, colon);
+  const std::string suffix = colon == std::string::npos ? "" : s.substr(colon + 1);
+  const bool trainable = name == "chunkwise" || name == "automatic";
+  if (trainable || ((name == "sequential" || name == "reference") && suffix.empty())) {
+    PathSpec spec;
+    spec.path = name == "sequential"  ? gdr::Path::sequential
+                : name == "reference" ? gdr::Path::reference
+                : name == "chunkwise" ? gdr::Path::chunkwise
+                                      : gdr::Path::automatic;
+    if (suffix.empty() || suffix == "intermediates") {
+      spec.saved = trainable;
+      if (suffix == "intermediates") spec.content = gdr::SavedContent::chunk_intermediates;
+      return spec;
+    }
+    if (suffix == "recompute") return spec;
+  }
   throw gdr::InvalidArgument("cpu_paths: path " + s +
-                             "; supported: sequential, chunkwise, reference, automatic, "
-                             "chunkwise:recompute, automatic:recompute");
+                             "; supported: sequential, reference, chunkwise, automatic, and "
+                             "chunkwise or automatic with :intermediates or :recompute");
 }
 
 // fp32 inputs, outputs and gradient seed of one problem (SPEC Section 7 inputs, mild decay).
@@ -186,7 +196,8 @@ double time_once(Problem& p, const Options& o, const PathSpec& path) {
   cfg.chunk_size = o.chunk;
   const auto t0 = std::chrono::steady_clock::now();
   if (o.backward() && path.saved) {
-    const gdr::SavedShape shape = gdr::saved_shape(gdr::validate_forward(p.fp), o.chunk);
+    const gdr::SavedShape shape =
+        gdr::saved_shape(gdr::validate_forward(p.fp), o.chunk, path.content);
     std::unique_ptr<float[]> saved(new float[static_cast<std::size_t>(shape.numel())]);
     gdr::ForwardParams fp = p.fp;
     gdr::BackwardParams bp = p.bp;
@@ -297,8 +308,9 @@ int run_products(const Options& o) {
   }
   const PathSpec path = parse_path(o.a);
   if (path.path != gdr::Path::chunkwise) {
-    std::fprintf(stderr,
-                 "cpu_paths: --mode products profiles --a chunkwise or chunkwise:recompute only\n");
+    std::fprintf(
+        stderr,
+        "cpu_paths: --mode products profiles --a chunkwise[:intermediates|:recompute] only\n");
     return 2;
   }
   Problem p(o);
@@ -499,8 +511,9 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Compare two gdr CPU paths (A/A then A/B alternating pairs), or time one path"};
   app.add_option("--a", o.a,
-                 "path A (sequential, chunkwise, reference, automatic; chunkwise:recompute, "
-                 "automatic:recompute: fwdbwd without the saved-for-backward tensor)")
+                 "path A (sequential, chunkwise, reference, automatic; fwdbwd of chunkwise and "
+                 "automatic saves the chunk states, :intermediates also Tinv, W, U, Vnew, "
+                 ":recompute nothing)")
       ->capture_default_str();
   app.add_option("--b", o.b, "path B")->capture_default_str();
   app.add_option("--direction", o.direction, "fwd or fwdbwd")->capture_default_str();

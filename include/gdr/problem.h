@@ -35,25 +35,36 @@ struct SequenceSpan {
   std::int64_t len = 0;
 };
 
-// Shape and dtype of the saved-for-backward tensor (ForwardParams::saved, params.h):
-// [chunk_rows, Hv, record], dtype f32 (f64 when the inputs are f64). chunk_rows is B ceil(T / C)
-// or, under varlen, floor((T + N (C - 1)) / C): an upper bound of sum_n ceil(L_n / C) that
-// depends on the shapes only (so a caller can size it without reading cu_seqlens; the forward
-// writes zeros in the rows past the last sequence's chunks).
+// What the saved-for-backward tensor (ForwardParams::saved, params.h) holds per chunk and value
+// head: the state entering the chunk alone (SPEC Section 3's training forward; the backward
+// recomputes the chunk's Tinv, W, U and Vnew from it), or that state and those four matrices
+// (the backward recomputes nothing).
+enum class SavedContent { chunk_states, chunk_intermediates };
+
+// Shape and dtype of the saved-for-backward tensor: [chunk_rows, Hv, record], dtype f32 (f64
+// when the inputs are f64). chunk_rows is B ceil(T / C) or, under varlen,
+// floor((T + N (C - 1)) / C): an upper bound of sum_n ceil(L_n / C) that depends on the shapes
+// only (so a caller can size it without reading cu_seqlens; the forward writes zeros in the rows
+// past the last sequence's chunks). record is Dk Dv (chunk_states) or Dk Dv + C^2 + C Dk + 2 C Dv
+// (chunk_intermediates): the record length tells the two apart.
 struct SavedShape {
   std::int64_t chunk_rows = 0, Hv = 0, record = 0;
   DType dtype = DType::f32;
+  SavedContent content = SavedContent::chunk_states;
 
   std::int64_t numel() const { return chunk_rows * Hv * record; }
   std::int64_t bytes() const { return numel() * dtype_size(dtype); }
 };
 
 // The saved shape of a validated problem for chunk size `chunk_size` (16, 32 or 64).
-SavedShape saved_shape(const Problem& prob, int chunk_size = 64);
+SavedShape saved_shape(const Problem& prob, int chunk_size = 64,
+                       SavedContent content = SavedContent::chunk_states);
 
 // Checks `saved` (rank, shape, dtype, device, last-dim contiguity) against saved_shape(prob,
-// chunk_size); throws InvalidArgument whose message starts with `op`.
-void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size, const char* op);
+// chunk_size, content) for either content; throws InvalidArgument whose message starts with
+// `op`. Returns the content its record length selects.
+SavedContent validate_saved(const Problem& prob, const TensorView& saved, int chunk_size,
+                            const char* op);
 
 // Validate every argument (SPEC Section 6) before any memory is touched; throws
 // InvalidArgument whose message starts with `op`. The values of cu_seqlens (start 0,

@@ -19,10 +19,10 @@ What gdr adds, as keyword arguments:
     use_beta_sigmoid_in_kernel   beta holds the raw `b`; beta = sigmoid(b)
     path, chunk_size   'auto' | 'reference' | 'sequential' | 'chunkwise'; 16 | 32 | 64
     save_chunk_intermediates   (chunk_gated_delta_rule, CPU training) the forward keeps each
-                       chunk's Tinv, W, U, Vnew and incoming state for the backward instead of
-                       only what SPEC Section 3 keeps (the backward then skips recomputing them:
-                       ~1.1-1.2x faster fwd + bwd, 2.75 KB more per token and value head at
-                       Dk = Dv = 128); off by default
+                       chunk's Tinv, W, U, Vnew as well as its incoming state (what SPEC Section 3
+                       keeps, and the default of a CPU training call) for the backward, which
+                       then skips recomputing them: ~1.06x faster fwd + bwd, 2.75 KB per token
+                       and value head at Dk = Dv = 128 instead of 1 KB; off by default
 All of them are differentiable (autograd) and traceable (torch.compile(fullgraph=True)).
 """
 
@@ -125,10 +125,12 @@ def _run_forward(op, q, k, v, g, beta, scale, initial_state, output_final_state,
         initial_state = initial_state.float()  # states are fp32 (FLA callers may pass bf16)
     q, k, v, g, beta, initial_state = (_last_contiguous(t)
                                        for t in (q, k, v, g, beta, initial_state))
-    # Opt-in, for training on the CPU: the forward also fills the chunkwise path's
-    # saved-for-backward tensor, which autograd hands to the backward (_ops.py).
-    save = bool(save_chunk_intermediates) and _ops.wants_saved(
-        path, (q, k, v, g, beta, A_log, dt_bias, initial_state))
+    # Training on the CPU: the forward also fills the chunkwise path's saved-for-backward tensor
+    # (the chunk-boundary states of SPEC Section 3, or with them the chunk intermediates), which
+    # autograd hands to the backward (_ops.py).
+    save = "none"
+    if _ops.wants_saved(path, (q, k, v, g, beta, A_log, dt_bias, initial_state)):
+        save = "chunk_intermediates" if save_chunk_intermediates else "chunk_states"
     o, final_state, _ = torch.ops.gdr.forward(
         q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale, state_layout,
         gate_in_kernel, bool(beta_sigmoid), bool(use_qk_l2norm_in_kernel),

@@ -6,11 +6,13 @@ unchanged (ValueError for bad arguments, RuntimeError for failures while running
 
 Autograd: forward's gradient is the backward operator (SPEC Section 4), registered with
 register_autograd. Fake (meta) implementations make the operators traceable by torch.compile.
-When asked (save_for_backward=True: chunk_gated_delta_rule(save_chunk_intermediates=True) on a
-CPU training call, see wants_saved), forward also returns the saved-for-backward tensor of the
-chunkwise path (include/gdr/params.h, ForwardParams::saved: the state entering each chunk and
-the chunk's Tinv, W, U, Vnew; 2.75 KB per token and value head at Dk = Dv = 128, chunk 64);
-autograd keeps it and hands it to backward, which then skips its recomputation of those.
+On a CPU training call (see wants_saved) forward also returns the saved-for-backward tensor of the
+chunkwise path (include/gdr/params.h, ForwardParams::saved), and autograd keeps it and hands it
+to backward: save_for_backward="chunk_states" (chunk_gated_delta_rule's default) keeps the state
+entering each chunk, as SPEC Section 3's training forward does (1 KB per token and value head at
+Dk = Dv = 128, chunk 64), and the backward recomputes each chunk's Tinv, W, U, Vnew from it;
+"chunk_intermediates" (save_chunk_intermediates=True) keeps those too (2.75 KB) and the backward
+recomputes nothing; "none" keeps nothing and the backward runs its own pass over the chunks.
 """
 
 from __future__ import annotations
@@ -66,11 +68,21 @@ def _state_shape(q, k, v, cu_seqlens, state_layout):
     return (n, hv, dv, dk) if state_layout == "v_first" else (n, hv, dk, dv)
 
 
-def saved_shape(q, k, v, cu_seqlens, chunk_size):
+SAVED_CONTENTS = ("none", "chunk_states", "chunk_intermediates")
+
+
+def _check_saved_content(content: str) -> None:
+    if content not in SAVED_CONTENTS:
+        raise ValueError(f"gdr.forward: save_for_backward is {content!r}; allowed: "
+                         + ", ".join(repr(c) for c in SAVED_CONTENTS))
+
+
+def saved_shape(q, k, v, cu_seqlens, chunk_size, content="chunk_states"):
     """[chunk_rows, Hv, record] of the saved-for-backward tensor, from shapes alone (so that the
     fake implementation and dynamic shapes work): gdr::saved_shape (include/gdr/problem.h).
     chunk_rows = B ceil(T / C), or under varlen floor((T + N (C - 1)) / C), an upper bound of
-    sum_n ceil(L_n / C); record = Dk Dv + C^2 + C Dk + 2 C Dv (S | Tinv | W | U | Vnew)."""
+    sum_n ceil(L_n / C); record = Dk Dv (the chunk state S) for "chunk_states", Dk Dv + C^2 +
+    C Dk + 2 C Dv (S | Tinv | W | U | Vnew) for "chunk_intermediates"."""
     c = chunk_size if chunk_size > 0 else 1  # a bad chunk_size is refused by the core
     b, t = _size(q, 0), _size(q, 1)
     hv, dk, dv = _size(v, 2), _size(k, 3), _size(v, 3)
@@ -79,7 +91,10 @@ def saved_shape(q, k, v, cu_seqlens, chunk_size):
         rows = (t + n * (c - 1)) // c
     else:
         rows = b * ((t + c - 1) // c)
-    return (rows, hv, dk * dv + c * c + c * dk + 2 * c * dv)
+    record = dk * dv
+    if content == "chunk_intermediates":
+        record += c * c + c * dk + 2 * c * dv
+    return (rows, hv, record)
 
 
 def wants_saved(path: str, tensors) -> bool:
@@ -100,9 +115,10 @@ def _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state, chunk_
                          device=v.device)
     else:
         fs = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
-    if save_for_backward:
-        saved = torch.empty(saved_shape(q, k, v, cu_seqlens, chunk_size), dtype=_state_dtype(q),
-                            device=v.device)
+    _check_saved_content(save_for_backward)
+    if save_for_backward != "none":
+        saved = torch.empty(saved_shape(q, k, v, cu_seqlens, chunk_size, save_for_backward),
+                            dtype=_state_dtype(q), device=v.device)
     else:
         saved = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
     return o, fs, saved
@@ -131,11 +147,12 @@ def forward(
     output_final_state: bool,
     path: str,
     chunk_size: int,
-    save_for_backward: bool = False,
+    save_for_backward: str = "none",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o [B,T,Hv,Dv], the final state ([N,Hv,Dk,Dv], or shape [0] when not requested) and the
-    saved-for-backward tensor ([chunk_rows, Hv, record], see saved_shape; shape [0] unless
-    save_for_backward, which makes the CPU path chunkwise)."""
+    saved-for-backward tensor ([chunk_rows, Hv, record], see saved_shape; shape [0] when
+    save_for_backward is "none"; "chunk_states" or "chunk_intermediates" make the CPU path
+    chunkwise)."""
     o, fs, saved = _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state,
                                   chunk_size, save_for_backward)
     _C.forward(
@@ -143,14 +160,14 @@ def forward(
         _d(mask), _d(cu_seqlens), o, fs if output_final_state else None,
         scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
         beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
-        stream=_stream(v), saved=saved if save_for_backward else None)
+        stream=_stream(v), saved=saved if save_for_backward != "none" else None)
     return o, fs, saved
 
 
 @forward.register_fake
 def _forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale,
                   state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path,
-                  chunk_size, save_for_backward=False):
+                  chunk_size, save_for_backward="none"):
     return _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state, chunk_size,
                           save_for_backward)
 
@@ -256,8 +273,8 @@ def _forward_setup_context(ctx, inputs, output):
     (q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale, state_layout,
      gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path, chunk_size,
      *rest) = inputs
-    save_for_backward = bool(rest[0]) if rest else False
-    saved = output[2] if save_for_backward else None
+    save_for_backward = rest[0] if rest else "none"
+    saved = output[2] if save_for_backward != "none" else None
     ctx.mark_non_differentiable(output[2])
     # Pass absent output gradients as None: otherwise autograd makes a zero tensor the size of
     # `saved` (tens of MB) for the non-differentiable output in every backward.

@@ -247,7 +247,8 @@ std::string resolve_forward_path(const In& q, const In& k, const In& v, const In
 
 // gdr::saved_shape for a call of these sizes: (chunk_rows, Hv, record).
 nb::tuple saved_shape(std::int64_t B, std::int64_t T, std::int64_t N, bool varlen, std::int64_t Hv,
-                      std::int64_t Dk, std::int64_t Dv, int chunk_size, bool f64) {
+                      std::int64_t Dk, std::int64_t Dv, int chunk_size, bool f64,
+                      bool intermediates) {
   gdr::Problem prob;
   prob.B = B;
   prob.T = T;
@@ -257,7 +258,9 @@ nb::tuple saved_shape(std::int64_t B, std::int64_t T, std::int64_t N, bool varle
   prob.Dk = Dk;
   prob.Dv = Dv;
   prob.dtype = f64 ? gdr::DType::f64 : gdr::DType::f32;
-  const gdr::SavedShape s = gdr::saved_shape(prob, chunk_size);
+  const gdr::SavedShape s = gdr::saved_shape(
+      prob, chunk_size,
+      intermediates ? gdr::SavedContent::chunk_intermediates : gdr::SavedContent::chunk_states);
   return nb::make_tuple(s.chunk_rows, s.Hv, s.record);
 }
 
@@ -316,7 +319,9 @@ NB_MODULE(_C, m) {
 
   m.def("saved_shape", &saved_shape, nb::arg("B"), nb::arg("T"), nb::arg("N"), nb::arg("varlen"),
         nb::arg("Hv"), nb::arg("Dk"), nb::arg("Dv"), nb::arg("chunk_size"), nb::arg("f64"),
-        "(chunk_rows, Hv, record) of the saved-for-backward tensor (gdr::saved_shape).");
+        nb::arg("intermediates") = false,
+        "(chunk_rows, Hv, record) of the saved-for-backward tensor (gdr::saved_shape): the chunk "
+        "states, or with intermediates=True the chunk intermediates too.");
 
   m.def("resolve_forward_path", &resolve_forward_path, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),

@@ -438,41 +438,50 @@ Problem validate_decode(const DecodeParams& p, const char* op) {
   return prob;
 }
 
-SavedShape saved_shape(const Problem& prob, int chunk_size) {
+SavedShape saved_shape(const Problem& prob, int chunk_size, SavedContent content) {
   const i64 C = chunk_size;
   SavedShape s;
   // Non-varlen: B sequences of T tokens, ceil(T / C) chunks each. Varlen: ceil(L / C) <=
   // (L + C - 1) / C, so sum_n ceil(L_n / C) <= floor((T + N (C - 1)) / C) whatever the lengths.
   s.chunk_rows = prob.varlen ? (prob.T + prob.N * (C - 1)) / C : prob.B * ((prob.T + C - 1) / C);
   s.Hv = prob.Hv;
-  // S [Dk, Dv] | Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv]
-  s.record = prob.Dk * prob.Dv + C * C + C * prob.Dk + 2 * C * prob.Dv;
+  // S [Dk, Dv] (chunk_states), then Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv]
+  // (chunk_intermediates).
+  s.record = prob.Dk * prob.Dv;
+  if (content == SavedContent::chunk_intermediates)
+    s.record += C * C + C * prob.Dk + 2 * C * prob.Dv;
   s.dtype = prob.dtype == DType::f64 ? DType::f64 : DType::f32;
+  s.content = content;
   return s;
 }
 
-void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size, const char* op) {
-  if (!saved.defined()) return;
+SavedContent validate_saved(const Problem& prob, const TensorView& saved, int chunk_size,
+                            const char* op) {
   Checker c{op};
   c.device = prob.device;
   c.device_index = prob.device_index;
   c.device_set = true;
   c.device_from = "q";
-  const SavedShape want = saved_shape(prob, chunk_size);
+  const SavedShape states = saved_shape(prob, chunk_size, SavedContent::chunk_states);
+  const SavedShape full = saved_shape(prob, chunk_size, SavedContent::chunk_intermediates);
   const std::string expected =
-      "expected [chunk_rows, Hv, record] = [" + std::to_string(want.chunk_rows) + ", " +
-      std::to_string(want.Hv) + ", " + std::to_string(want.record) +
+      "expected [chunk_rows, Hv, record] = [" + std::to_string(states.chunk_rows) + ", " +
+      std::to_string(states.Hv) + ", " + std::to_string(states.record) + " or " +
+      std::to_string(full.record) +
       "] (chunk_rows = " + (prob.varlen ? "floor((T + N (C - 1)) / C)" : "B ceil(T / C)") +
-      ", record = Dk Dv + C^2 + C Dk + 2 C Dv, with C = chunk_size = " +
+      ", record = Dk Dv for chunk states or Dk Dv + C^2 + C Dk + 2 C Dv for chunk "
+      "intermediates, with C = chunk_size = " +
       std::to_string(chunk_size) + "; gdr::saved_shape gives it)";
   if (saved.rank != 3)
     fail(op, "saved has rank " + std::to_string(saved.rank) + " (shape " + shape_str(saved) +
                  "); " + expected);
   c.basic("saved", saved);
-  if (saved.shape[0] != want.chunk_rows || saved.shape[1] != want.Hv ||
-      saved.shape[2] != want.record)
+  if (saved.shape[0] != states.chunk_rows || saved.shape[1] != states.Hv ||
+      (saved.shape[2] != states.record && saved.shape[2] != full.record))
     fail(op, "saved has shape " + shape_str(saved) + "; " + expected);
-  check_dtype(c, "saved", saved, {want.dtype});
+  check_dtype(c, "saved", saved, {states.dtype});
+  return saved.shape[2] == states.record ? SavedContent::chunk_states
+                                         : SavedContent::chunk_intermediates;
 }
 
 SequenceSpan sequence_span(const Problem& prob, const Inputs& in, std::int64_t n) {

@@ -19,8 +19,11 @@
 //          as sum_{r >= t} sum_{j < t} t[r, j] (chunkwise_common.h): no O(1) terms that cancel
 //          only in exact arithmetic, so dg keeps its relative accuracy under extreme decay
 //      (row dots over Dk for scalar gates, elementwise products for per-key gates).
-//   With BackwardParams::saved (filled by the chunkwise forward) step 1 is skipped: S, Tinv, W,
-//   U and Vnew of every chunk are read from there, and no per-item buffers are allocated.
+//   With BackwardParams::saved (filled by the chunkwise forward) step 1 is skipped and no
+//   per-item buffers are allocated: every chunk's entering state S is read from there, and its
+//   Tinv, W, U and Vnew too (chunk intermediates) or, with chunk states alone (SPEC Section 3's
+//   training forward), recomputed in the reverse pass from S: solve_chunk and Vnew = U - W S
+//   (no state recurrence: the chunks are independent given their states).
 //   dh0 is the dS that leaves the first chunk. dQ, dK are summed over the value heads sharing
 //   the key head; when a group is split over several items their partial sums are added after.
 #include <omp.h>
@@ -89,27 +92,46 @@ void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkI
 
 // One chunk, one value head: dS (leaving the chunk) becomes dS entering it; adds to
 // w.dq_acc / w.dk_acc; leaves dV in w.dv, dg_log in w.g, dbeta in w.dbeta. `solved`: the
-// chunk's Tinv, W, U, Vnew kept by the state pass (Workspace::solved_stride's layout).
+// chunk's Tinv, W, U, Vnew (Workspace::solved_stride's layout) kept by the state pass or saved
+// by the forward; nullptr: recomputed here from S, the state entering the chunk.
 template <class Real, bool PerKey>
 void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S, MapMat<Real>& dS,
                     const Real* solved) {
   const i64 C = w.C;
+  [[maybe_unused]] const int Dk = w.Dk, Dv = w.Dv;  // product shapes (GDR_PRODUCT)
   chunkwise::prepare_gates<Real, PerKey>(w, n);
   chunkwise::gated_products<Real, PerKey>(w, n, true);
-  chunkwise::decayed_rows<Real, PerKey>(w, n, true);
-  // Tinv, U and Vnew = U - W S are read in place; W joins e .* Q in qw for the [2n, Dk] product.
-  using CMap = Eigen::Map<const chunkwise::Mat<Real>>;
-  const CMap Tinv(solved, n, n);
-  w.qw.middleRows(n, n) = CMap(solved + C * C, n, w.Dk);
-  const CMap U(solved + C * C + C * w.Dk, n, w.Dv);
-  const CMap vnew(solved + C * C + C * w.Dk + C * w.Dv, n, w.Dv);
+  // Tinv (row stride tinv_ld), U and Vnew = U - W S; W joins e .* Q in qw for the [2n, Dk]
+  // product below.
+  const Real *tinv, *u, *vnew_rows;
+  i64 tinv_ld;
+  if (solved) {
+    chunkwise::decayed_rows<Real, PerKey>(w, n, true);
+    w.qw.middleRows(n, n) = Eigen::Map<const chunkwise::Mat<Real>>(solved + C * C, n, Dk);
+    tinv = solved;
+    tinv_ld = n;
+    u = solved + C * C + C * Dk;
+    vnew_rows = u + C * Dv;
+  } else {
+    chunkwise::solve_chunk<Real, PerKey>(w, n, true);  // Tinv, qw = [e .* Q ; W], U, kd
+    auto vnew = w.vnew.topRows(n);
+    vnew = w.u.topRows(n);
+    GDR_PRODUCT(bwd_W_S, n, Dv, Dk, vnew.noalias() -= w.qw.middleRows(n, n) * S);
+    tinv = w.Tinv.data();
+    tinv_ld = C;
+    u = w.u.data();
+    vnew_rows = w.vnew.data();
+  }
+  using CMap = Eigen::Map<const chunkwise::Mat<Real>, 0, Eigen::OuterStride<>>;
+  const CMap Tinv(tinv, n, n, Eigen::OuterStride<>(tinv_ld));
+  const CMap U(u, n, Dv, Eigen::OuterStride<>(Dv));
+  const CMap vnew(vnew_rows, n, Dv, Eigen::OuterStride<>(Dv));
   auto Q = w.q.topRows(n);
   auto K = w.k.topRows(n);
   auto V = w.v.topRows(n);
   auto beta = w.beta.head(n);
   auto W = w.qw.middleRows(n, n);
   auto P = w.P.topLeftCorner(n, n);
-  [[maybe_unused]] const int Dk = w.Dk, Dv = w.Dv;  // product shapes (GDR_PRODUCT)
 
   // dVnew = scale P^T dO + (d .* K) dS;  Y = Vnew dS^T.
   auto dvb = w.dvb.topRows(n);
@@ -254,8 +276,10 @@ void backward_item(const Problem& prob, const BackwardParams& p, int C, const Wo
       // The state entering the chunk and its Tinv, W, U, Vnew: from `saved` or the state pass.
       Real* S_in = saved.defined() ? saved.state(it.chunk_row0 + c, hv)
                                    : w.states.data() + (r * chunks + c) * Dk * Dv;
-      const Real* solved = saved.defined() ? saved.solved(it.chunk_row0 + c, hv)
-                                           : w.solved.data() + (r * chunks + c) * w.solved_stride();
+      const Real* solved = !saved.defined() ? w.solved.data() + (r * chunks + c) * w.solved_stride()
+                           : saved.has_solved ? saved.solved(it.chunk_row0 + c, hv)
+                                              : nullptr;  // recomputed from S_in
+
       const MapMat<Real> S(S_in, Dk, Dv);
       MapMat<Real> dS(w.dS.data() + r * Dk * Dv, Dk, Dv);
       load_values<Real>(prob, p.in, span, hv, w.v.data());

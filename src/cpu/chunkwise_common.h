@@ -29,7 +29,8 @@
 // for the item's value heads) and, in the backward, per chunk and value head of the item being
 // worked on: the state entering the chunk [Dk, Dv] and its Tinv, W, U, Vnew
 // ([C, C], [C, Dk], [C, Dv], [C, Dv]; kept from the state pass for the reverse pass), unless the
-// caller's saved-for-backward tensor (SavedRecords below) holds them for every chunk already.
+// caller's saved-for-backward tensor (SavedRecords below) holds the states of every chunk
+// already (the reverse pass then recomputes Tinv, W, U, Vnew chunk by chunk, or reads them too).
 #pragma once
 
 #ifndef EIGEN_DONT_PARALLELIZE
@@ -73,21 +74,23 @@ struct Plan {
 };
 
 // The saved-for-backward tensor (ForwardParams::saved, [chunk_rows, Hv, record]): one record
-// per chunk and value head, the state entering the chunk followed by the chunk's `solved` block
-// (Workspace::solved_stride's layout):
+// per chunk and value head, the state entering the chunk, followed (chunk_intermediates, record
+// longer than Dk Dv) by the chunk's `solved` block (Workspace::solved_stride's layout):
 //   S [Dk, Dv] at 0 | Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv]  (at Dk Dv + ...)
 template <class Real>
 struct SavedRecords {
   Real* data = nullptr;
   i64 row_stride = 0, head_stride = 0;  // elements between chunk rows, between value heads
   i64 state_size = 0;                   // Dk Dv: the solved block starts there
+  bool has_solved = false;              // chunk_intermediates: Tinv, W, U, Vnew follow S
 
   SavedRecords() = default;
   SavedRecords(const TensorView& saved, i64 Dk, i64 Dv)
       : data(static_cast<Real*>(saved.data)),
         row_stride(saved.stride[0]),
         head_stride(saved.stride[1]),
-        state_size(Dk * Dv) {}
+        state_size(Dk * Dv),
+        has_solved(saved.shape[2] > Dk * Dv) {}
   bool defined() const { return data != nullptr; }
   Real* state(i64 row, i64 hv) const { return data + row * row_stride + hv * head_stride; }
   Real* solved(i64 row, i64 hv) const { return state(row, hv) + state_size; }

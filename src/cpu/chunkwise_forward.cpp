@@ -2,8 +2,9 @@
 //   [e .* Q ; W] S  (one [2n, Dk] x [Dk, Dv] product),  Vnew = U - W S,
 //   O = scale (e .* Q S + P Vnew),  S <- gn .* S + (d .* K)^T Vnew.
 // Only the running state is kept (one per value head of the item). When ForwardParams::saved is
-// given, every chunk's entering state S and its Tinv, W, U, Vnew are also written there (one
-// record per chunk and value head, chunkwise_common.h's SavedRecords) for the backward.
+// given, every chunk's entering state S (and, for chunk intermediates, its Tinv, W, U, Vnew) is
+// also written there (one record per chunk and value head, chunkwise_common.h's SavedRecords)
+// for the backward.
 #include <omp.h>
 
 #include <algorithm>
@@ -66,7 +67,7 @@ void forward_item(const Problem& prob, const ForwardParams& p, int C, const Work
           O.noalias() += w.P.topLeftCorner(n, n).template triangularView<Eigen::Lower>() * vnew);
       O *= scale;
       store_output<Real>(prob, p.in, span, hv, w.o.data(), p.o);
-      if (saved.defined()) chunkwise::keep_solved(w, n, saved.solved(row, hv));
+      if (saved.has_solved) chunkwise::keep_solved(w, n, saved.solved(row, hv));
       chunkwise::decay_state<Real, PerKey>(w, S);
       GDR_PRODUCT(fwd_S_update, Dk, Dv, n, S.noalias() += w.kd.topRows(n).transpose() * vnew);
     }

@@ -29,6 +29,7 @@ const char* site_name(Site s) {
     case Site::st_W_S: return "st   Vnew = U - W S      [n,Dk]x[Dk,Dv]";
     case Site::st_S_update: return "st   S += (d.*K)^T Vnew  [Dk,n]x[n,Dv]";
     case Site::bwd_qk_kk: return "bwd  Q K^T, K K^T        [n,Dk]x[Dk,n]";
+    case Site::bwd_W_S: return "bwd  Vnew = U - W S      [n,Dk]x[Dk,Dv]";
     case Site::bwd_kd_dS: return "bwd  (d.*K) dS           [n,Dk]x[Dk,Dv]";
     case Site::bwd_Pt_dO: return "bwd  P^T dO              [n,n]x[n,Dv]";
     case Site::bwd_vnew_dSt: return "bwd  Vnew dS^T           [n,Dv]x[Dv,Dk]";

@@ -32,6 +32,7 @@ enum class Site : int {
   st_W_S,         // backward state pass: Vnew = U - W S           [n, Dk] x [Dk, Dv]
   st_S_update,    // backward state pass: S += (d .* K)^T Vnew     [Dk, n] x [n, Dv]
   bwd_qk_kk,      // backward: Q K^T, K K^T                        [n, Dk] x [Dk, n]
+  bwd_W_S,        // backward from saved chunk states: Vnew = U - W S  [n, Dk] x [Dk, Dv]
   bwd_kd_dS,      // backward: dVnew = (d .* K) dS                 [n, Dk] x [Dk, Dv]
   bwd_Pt_dO,      // backward: dVnew += scale P^T dO               [n, n] x [n, Dv]
   bwd_vnew_dSt,   // backward: Y = Vnew dS^T                       [n, Dv] x [Dv, Dk]

@@ -385,8 +385,8 @@ BackwardResult run_backward(TestData& d, Path path, ExecConfig config, const Ten
   return r;
 }
 
-HostTensor make_saved(const TestData& d, int chunk_size) {
-  const SavedShape shape = saved_shape(validate_forward(d.forward_params()), chunk_size);
+HostTensor make_saved(const TestData& d, int chunk_size, gdr::SavedContent content) {
+  const SavedShape shape = saved_shape(validate_forward(d.forward_params()), chunk_size, content);
   HostTensor saved(shape.dtype, {shape.chunk_rows, shape.Hv, shape.record});
   saved.poison();
   return saved;

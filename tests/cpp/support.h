@@ -123,9 +123,18 @@ ForwardResult run_forward(TestData& d, Path path, ExecConfig config = {},
 BackwardResult run_backward(TestData& d, Path path, ExecConfig config = {},
                             const TensorView& saved = {});
 
-// A saved-for-backward tensor for d's call with `chunk_size` (gdr::saved_shape), every element
-// NaN, so that a record the forward does not write poisons the backward that reads it.
-HostTensor make_saved(const TestData& d, int chunk_size);
+// A saved-for-backward tensor for d's call with `chunk_size` and `content` (gdr::saved_shape),
+// every element NaN, so that a record the forward does not write poisons the backward that
+// reads it.
+HostTensor make_saved(const TestData& d, int chunk_size, gdr::SavedContent content);
+
+// Both contents of the saved tensor, and a name for each in failure messages.
+inline constexpr gdr::SavedContent kSavedContents[] = {gdr::SavedContent::chunk_states,
+                                                       gdr::SavedContent::chunk_intermediates};
+inline const char* saved_name(gdr::SavedContent content) {
+  return content == gdr::SavedContent::chunk_states ? "saved chunk states"
+                                                    : "saved chunk intermediates";
+}
 
 // The float64 oracle: the reference path on a float64 copy of every float tensor (exact for
 // f16/bf16/f32 inputs), so o and the gradients are not rounded to the input dtype. Prefer these

@@ -83,7 +83,8 @@ def _gdr(x, extra, path, chunk_size=64, save=False):
 def test_forward_and_gradients_match_float64(name, path):
     x, extra = _setup(CASES[name])
     leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
-    o, fs = _gdr(leaves, extra, path, save=path == "chunkwise")  # chunkwise: the saved mode
+    # chunkwise: the opt-in chunk intermediates; auto: the default chunk states (both saved).
+    o, fs = _gdr(leaves, extra, path, save=path == "chunkwise")
     assert o.dtype == x["q"].dtype and fs.dtype == torch.float32
     ref_leaves = {k: t.detach().double().requires_grad_() for k, t in x.items()}
     o_ref, fs_ref = _ref(ref_leaves, extra)
@@ -181,22 +182,24 @@ def _op_args(x, extra, chunk_size):
             extra.get("use_qk_l2norm_in_kernel", False), True, "chunkwise", chunk_size)
 
 
+@pytest.mark.parametrize("content", ["chunk_states", "chunk_intermediates"])
 @pytest.mark.parametrize("chunk_size", [16, 64])
 @pytest.mark.parametrize("name", SAVED_CASES)
-def test_op_backward_with_saved_tensor_matches_float64(name, chunk_size):
+def test_op_backward_with_saved_tensor_matches_float64(name, chunk_size, content):
     # torch.ops.gdr.forward fills the saved tensor (poisoned with NaN by a first call that must
     # overwrite it); torch.ops.gdr.backward reads it. o, final state and every gradient against
     # the float64 recurrence.
     from gdr import _C, _ops
     x, extra = _setup(CASES[name])
     args = _op_args(x, extra, chunk_size)
-    o, fs, saved = torch.ops.gdr.forward(*args, True)
+    o, fs, saved = torch.ops.gdr.forward(*args, content)
     cu = extra.get("cu_seqlens")
     n = len(cu) - 1 if cu is not None else x["q"].shape[0]
     want = _C.saved_shape(x["q"].shape[0], x["q"].shape[1], n, cu is not None, x["v"].shape[2],
-                          x["k"].shape[3], x["v"].shape[3], chunk_size, False)
+                          x["k"].shape[3], x["v"].shape[3], chunk_size, False,
+                          content == "chunk_intermediates")
     assert tuple(saved.shape) == tuple(want) == _ops.saved_shape(x["q"], x["k"], x["v"], cu,
-                                                                 chunk_size)
+                                                                 chunk_size, content)
     assert saved.dtype == torch.float32
     ref_leaves = {k: t.detach().double().requires_grad_() for k, t in x.items()}
     o_ref, fs_ref = _ref(ref_leaves, extra)
@@ -218,15 +221,27 @@ def test_op_backward_with_saved_tensor_matches_float64(name, chunk_size):
     assert torch.isnan(bad[0]).any()
 
 
+def test_op_refuses_an_unknown_saved_content():
+    x, extra = _setup(CASES["T1"])
+    with pytest.raises(ValueError, match="save_for_backward is 'states'; allowed: 'none', "
+                                         "'chunk_states', 'chunk_intermediates'"):
+        torch.ops.gdr.forward(*_op_args(x, extra, 64), "states")
+
+
 @pytest.mark.parametrize("path", ["auto", "chunkwise", "sequential"])
 def test_autograd_keeps_the_saved_tensor_on_cpu_training_paths(path):
-    # chunk_gated_delta_rule(save_chunk_intermediates=True) with inputs that require grad:
-    # autograd keeps the saved tensor for the chunkwise and automatic paths (and gradients
-    # match), not for the per-token loop; without the keyword (the default) it is not made.
+    # chunk_gated_delta_rule with inputs that require grad: autograd keeps the saved tensor for
+    # the chunkwise and automatic paths (and gradients match), not for the per-token loop; by
+    # default the chunk states (SPEC Section 3), with save_chunk_intermediates=True the chunk
+    # intermediates too.
     x, extra = _setup(dict(B=1, T=70, Hk=1, Hv=2, Dk=16, Dv=16, h0=True))
     leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
     o_default, _ = _gdr(leaves, extra, path)
-    assert o_default.grad_fn.saved_tensors[-1] is None
+    kept_default = o_default.grad_fn.saved_tensors[-1]
+    if path == "sequential":
+        assert kept_default is None
+    else:
+        assert tuple(kept_default.shape) == (2, 2, 16 * 16)
     o, fs = _gdr(leaves, extra, path, save=True)
     kept = o.grad_fn.saved_tensors[-1]
     if path == "sequential":

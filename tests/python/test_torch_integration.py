@@ -53,8 +53,9 @@ def test_opcheck_forward_mask_vfirst_no_final_state():
                           _forward_args(x, mask=mask, layout="v_first", ofs=False))
 
 
+@pytest.mark.parametrize("content", ["chunk_states", "chunk_intermediates"])
 @pytest.mark.parametrize("varlen", [False, True])
-def test_opcheck_forward_saved_for_backward(varlen):
+def test_opcheck_forward_saved_for_backward(varlen, content):
     # save_for_backward: the third output is the chunkwise path's saved tensor (its fake shape
     # comes from the shapes alone, varlen included).
     x = make_inputs(**SMALL, h0=not varlen)
@@ -62,16 +63,17 @@ def test_opcheck_forward_saved_for_backward(varlen):
         t.requires_grad_()
     cu = torch.tensor([0, 3, 3, 20], dtype=torch.int32) if varlen else None
     torch.library.opcheck(torch.ops.gdr.forward.default,
-                          _forward_args(x, cu=cu, path="chunkwise") + (True,))
+                          _forward_args(x, cu=cu, path="chunkwise") + (content,))
 
 
-@pytest.mark.parametrize("saved", [False, True])
+@pytest.mark.parametrize("saved", ["none", "chunk_states", "chunk_intermediates"])
 def test_opcheck_backward(saved):
     x = make_inputs(**SMALL, h0=True)
     o, fs, kept = torch.ops.gdr.forward(*_forward_args(x), saved)
     args = (torch.randn_like(o), torch.randn_like(fs)) + _forward_args(x)[:10] + \
         (x["q"].shape[-1] ** -0.5, "k_first", False, False, False, "auto", 16)
-    torch.library.opcheck(torch.ops.gdr.backward.default, args + ((kept,) if saved else ()))
+    torch.library.opcheck(torch.ops.gdr.backward.default,
+                          args + ((kept,) if saved != "none" else ()))
 
 
 @pytest.mark.parametrize("indices", [False, True])
