@@ -161,6 +161,12 @@ void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, do
 void expect_backward_close(const BackwardResult& got, const BackwardResult& ref, double tol,
                            const std::string& label);
 
+// `path`'s forward and then backward on d (outputs poisoned first; `saved` as for run_forward /
+// run_backward) against `ref` / `gref`, within the SPEC Section 7 bounds of d's dtype.
+void expect_path_close(TestData& d, Path path, const ExecConfig& config, const ForwardResult& ref,
+                       const BackwardResult& gref, const std::string& label,
+                       const TensorView& saved = {});
+
 // Named (field, got, ref) pairs, for reporting (tools) or custom checks.
 struct Field {
   const char* name;

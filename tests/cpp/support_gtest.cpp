@@ -18,4 +18,11 @@ void expect_backward_close(const BackwardResult& got, const BackwardResult& ref,
     EXPECT_LT(rel_error(*f.got, *f.ref), tol) << f.name << " vs reference: " << label;
 }
 
+void expect_path_close(TestData& d, Path path, const ExecConfig& config, const ForwardResult& ref,
+                       const BackwardResult& gref, const std::string& label,
+                       const TensorView& saved) {
+  expect_forward_close(run_forward(d, path, config, saved), ref, forward_tolerance(d.c), label);
+  expect_backward_close(run_backward(d, path, config, saved), gref, backward_tolerance(d.c), label);
+}
+
 }  // namespace gdr::test

@@ -41,20 +41,13 @@ void check_case(const Case& c, int chunk, int threads) {
   cfg.chunk_size = chunk;
   cfg.num_threads = threads;
   const ForwardResult ref = run_forward(d, Path::reference);
-  const ForwardResult got = run_forward(d, Path::chunkwise, cfg);
-  expect_forward_close(got, ref, forward_tolerance(d.c), label);
   const BackwardResult gref = run_backward(d, Path::reference);
-  const BackwardResult ggot = run_backward(d, Path::chunkwise, cfg);
-  expect_backward_close(ggot, gref, backward_tolerance(d.c), label);
-
+  expect_path_close(d, Path::chunkwise, cfg, ref, gref, label);
   // Forward saves, backward reuses.
   for (gdr::SavedContent content : kSavedContents) {
     HostTensor saved = make_saved(d, chunk, content);
-    const std::string slabel = label + " " + saved_name(content);
-    const ForwardResult sgot = run_forward(d, Path::chunkwise, cfg, saved.view());
-    expect_forward_close(sgot, ref, forward_tolerance(d.c), slabel);
-    const BackwardResult sggot = run_backward(d, Path::chunkwise, cfg, saved.view());
-    expect_backward_close(sggot, gref, backward_tolerance(d.c), slabel);
+    expect_path_close(d, Path::chunkwise, cfg, ref, gref, label + " " + saved_name(content),
+                      saved.view());
   }
 }
 
@@ -283,12 +276,8 @@ TEST(Chunkwise, BetaZeroAndOne) {
       const std::string label = describe(d.c, d.seed) + " beta=" + std::to_string(b);
       ExecConfig cfg;
       cfg.chunk_size = 32;
-      const ForwardResult ref = run_forward(d, Path::reference);
-      const ForwardResult got = run_forward(d, Path::chunkwise, cfg);
-      expect_forward_close(got, ref, forward_tolerance(d.c), label);
-      const BackwardResult gref = run_backward(d, Path::reference);
-      const BackwardResult ggot = run_backward(d, Path::chunkwise, cfg);
-      expect_backward_close(ggot, gref, backward_tolerance(d.c), label);
+      expect_path_close(d, Path::chunkwise, cfg, run_forward(d, Path::reference),
+                        run_backward(d, Path::reference), label);
     }
   }
 }
@@ -384,12 +373,8 @@ TEST(Chunkwise, ExtremeDecayEverywhereGateGradient) {
                                   (uniform ? " g=-30U(0,1)" : " g=-30");
         ExecConfig cfg;
         cfg.chunk_size = chunk;
-        const ForwardResult ref = reference_forward(d);
-        const ForwardResult got = run_forward(d, Path::chunkwise, cfg);
-        expect_forward_close(got, ref, forward_tolerance(d.c), label);
-        const BackwardResult gref = reference_backward(d);
-        const BackwardResult ggot = run_backward(d, Path::chunkwise, cfg);
-        expect_backward_close(ggot, gref, backward_tolerance(d.c), label);
+        expect_path_close(d, Path::chunkwise, cfg, reference_forward(d), reference_backward(d),
+                          label);
       }
     }
   }
@@ -494,10 +479,8 @@ TEST(ChunkwiseSaved, AutomaticResolvesToChunkwise) {
   EXPECT_EQ(gdr::resolve_forward_path(fp), Path::chunkwise);
   EXPECT_EQ(gdr::resolve_backward_path(bp), Path::chunkwise);
   const std::string label = describe(d.c, d.seed);
-  expect_forward_close(run_forward(d, Path::automatic, {}, saved.view()), reference_forward(d),
-                       forward_tolerance(d.c), label);
-  expect_backward_close(run_backward(d, Path::automatic, {}, saved.view()), reference_backward(d),
-                        backward_tolerance(d.c), label);
+  expect_path_close(d, Path::automatic, {}, reference_forward(d), reference_backward(d), label,
+                    saved.view());
 }
 
 // A saved tensor with padded rows (strides [Hv (record + 5), record + 5, 1], NaN in the padding)
@@ -519,10 +502,8 @@ TEST(ChunkwiseSaved, StridedTensor) {
     ExecConfig cfg;
     cfg.chunk_size = 32;
     const std::string label = describe(d.c, d.seed) + " " + saved_name(content);
-    expect_forward_close(run_forward(d, Path::chunkwise, cfg, saved.view()), reference_forward(d),
-                         forward_tolerance(d.c), label);
-    expect_backward_close(run_backward(d, Path::chunkwise, cfg, saved.view()),
-                          reference_backward(d), backward_tolerance(d.c), label);
+    expect_path_close(d, Path::chunkwise, cfg, reference_forward(d), reference_backward(d), label,
+                      saved.view());
   }
 }
 
@@ -541,10 +522,8 @@ TEST(ChunkwiseSaved, ExtremeDecayEverywhere) {
     for (gdr::SavedContent content : kSavedContents) {
       const std::string label = describe(d.c, d.seed) + " g=-30 " + saved_name(content);
       HostTensor saved = make_saved(d, 64, content);
-      expect_forward_close(run_forward(d, Path::chunkwise, {}, saved.view()), reference_forward(d),
-                           forward_tolerance(d.c), label);
-      expect_backward_close(run_backward(d, Path::chunkwise, {}, saved.view()),
-                            reference_backward(d), backward_tolerance(d.c), label);
+      expect_path_close(d, Path::chunkwise, {}, reference_forward(d), reference_backward(d), label,
+                        saved.view());
     }
   }
 }

@@ -33,12 +33,8 @@ void check_case(const Case& c, int chunk) {
   const std::string label = describe(d.c, d.seed) + " chunk=" + std::to_string(chunk);
   ExecConfig cfg;
   cfg.chunk_size = chunk;
-  const ForwardResult ref = run_forward(d, Path::reference);
-  const ForwardResult got = run_forward(d, Path::sequential, cfg);
-  expect_forward_close(got, ref, forward_tolerance(d.c), label);
-  const BackwardResult gref = run_backward(d, Path::reference);
-  const BackwardResult ggot = run_backward(d, Path::sequential, cfg);
-  expect_backward_close(ggot, gref, backward_tolerance(d.c), label);
+  expect_path_close(d, Path::sequential, cfg, run_forward(d, Path::reference),
+                    run_backward(d, Path::reference), label);
 }
 
 std::vector<Named> cases() {
@@ -259,12 +255,8 @@ TEST(Sequential, BetaZeroAndOne) {
     TestData d = make_problem(c);
     d.beta.fill(b);
     const std::string label = describe(d.c, d.seed) + " beta=" + std::to_string(b);
-    const ForwardResult ref = run_forward(d, Path::reference);
-    const ForwardResult got = run_forward(d, Path::sequential);
-    expect_forward_close(got, ref, forward_tolerance(d.c), label);
-    const BackwardResult gref = run_backward(d, Path::reference);
-    const BackwardResult ggot = run_backward(d, Path::sequential);
-    expect_backward_close(ggot, gref, backward_tolerance(d.c), label);
+    expect_path_close(d, Path::sequential, {}, run_forward(d, Path::reference),
+                      run_backward(d, Path::reference), label);
   }
 }
 
