@@ -273,13 +273,13 @@ void backward_item(const Problem& prob, const BackwardParams& p, int C, const Wo
     w.dk_acc.topRows(n).setZero();
     for (i64 r = 0; r < heads; ++r) {
       const i64 hv = it.hv0 + r;
-      // The state entering the chunk and its Tinv, W, U, Vnew: from `saved` or the state pass.
+      // The state entering the chunk and its Tinv, W, U, Vnew: from `saved` or the state pass
+      // (saved chunk states alone: the four matrices are recomputed in chunk_backward).
       Real* S_in = saved.defined() ? saved.state(it.chunk_row0 + c, hv)
                                    : w.states.data() + (r * chunks + c) * Dk * Dv;
       const Real* solved = !saved.defined() ? w.solved.data() + (r * chunks + c) * w.solved_stride()
                            : saved.has_solved ? saved.solved(it.chunk_row0 + c, hv)
                                               : nullptr;  // recomputed from S_in
-
       const MapMat<Real> S(S_in, Dk, Dv);
       MapMat<Real> dS(w.dS.data() + r * Dk * Dv, Dk, Dv);
       load_values<Real>(prob, p.in, span, hv, w.v.data());
