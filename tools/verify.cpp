@@ -1,9 +1,11 @@
 // `gdr verify`: every CPU path of this build against the float64 reference (SPEC Section 7)
 // on fresh random cases covering both gates, mask, varlen (with zero-length sequences), GQA,
-// both state layouts, the fused options and the input dtypes; forward and backward (and the
-// decode step for short cases). Relative Frobenius error per output; the bound is fp32
-// 1e-5 / 1e-4 (o and state / gradients), bf16 and fp16 inputs 5e-3 / 1e-2. Output buffers are
-// poisoned with NaN before each call. Exit code 1 when any row fails.
+// both state layouts, the fused options and the input dtypes: forward and backward of the
+// per-token loop and the chunkwise form, the chunkwise training step as the torch layer runs it
+// (the forward saves the chunk-boundary states, the backward reads them) and, for short cases,
+// the decode step. Relative Frobenius error per output; the bound is fp32 1e-5 / 1e-4 (o and
+// state / gradients), bf16 and fp16 inputs 5e-3 / 1e-2. Output buffers are poisoned with NaN
+// before each call. Exit code 1 when any row fails.
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -226,8 +228,10 @@ std::string fmt_error(double e) {
 int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::string& filter,
                bool verbose) {
   const std::uint64_t base = seed_arg ? seed_arg : test::fresh_seed();
-  std::printf("gdr verify: seed %llu, paths sequential, chunkwise, decode vs reference (float64)\n",
-              static_cast<unsigned long long>(base));
+  std::printf(
+      "gdr verify: seed %llu, paths sequential, chunkwise, chunkwise with saved chunk "
+      "states, decode vs reference (float64)\n",
+      static_cast<unsigned long long>(base));
   std::printf("%-32s %-11s %-4s %-12s %-9s %-9s %s\n", "case", "path", "dir", "worst", "error",
               "bound", "status");
   std::vector<Row> rows;
@@ -285,6 +289,22 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
         const test::BackwardResult got = test::run_backward(d, path);
         grade(b, test::fields(got, bref));
       });
+      emit(b);
+    }
+    // The CPU training step of the torch layer: the forward saves the chunk-boundary states
+    // (SPEC Section 3), the backward reads them and recomputes the chunks' matrices.
+    {
+      auto saved_step = [&](bool backward) {
+        test::HostTensor saved = test::make_saved(d, 64, gdr::SavedContent::chunk_states);
+        const test::ForwardResult fwd = test::run_forward(d, Path::chunkwise, {}, saved.view());
+        if (!backward) return std::pair{fwd, test::BackwardResult{}};
+        return std::pair{fwd, test::run_backward(d, Path::chunkwise, {}, saved.view())};
+      };
+      Row f = make_row("chunk+saved", "fwd", test::forward_tolerance(c));
+      guarded(f, [&] { grade(f, test::fields(saved_step(false).first, fref)); });
+      emit(f);
+      Row b = make_row("chunk+saved", "bwd", test::backward_tolerance(c));
+      guarded(b, [&] { grade(b, test::fields(saved_step(true).second, bref)); });
       emit(b);
     }
     if (nc.decode) {
