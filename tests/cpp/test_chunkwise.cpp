@@ -444,12 +444,14 @@ TEST(ChunkwiseSaved, VarlenRowsAndThreadCounts) {
   fwd_cfg.chunk_size = bwd_cfg.chunk_size = 16;
   fwd_cfg.num_threads = 1;
   bwd_cfg.num_threads = 4;
+  const ForwardResult ref = reference_forward(d);
+  const BackwardResult gref = reference_backward(d);
   for (gdr::SavedContent content : kSavedContents) {
     const std::string label = describe(d.c, d.seed) + " " + saved_name(content);
     HostTensor saved = make_saved(d, 16, content);
     ASSERT_EQ(saved.shape()[0], (218 + 5 * 15) / 16);  // floor((T + N (C - 1)) / C) = 18
-    expect_forward_close(run_forward(d, Path::chunkwise, fwd_cfg, saved.view()),
-                         reference_forward(d), forward_tolerance(d.c), label);
+    expect_forward_close(run_forward(d, Path::chunkwise, fwd_cfg, saved.view()), ref,
+                         forward_tolerance(d.c), label);
     const std::int64_t per_row = saved.numel() / saved.shape()[0];
     std::int64_t unwritten = 0, nonzero_past_end = 0;
     for (std::int64_t i = 0; i < saved.numel(); ++i) {
@@ -458,8 +460,8 @@ TEST(ChunkwiseSaved, VarlenRowsAndThreadCounts) {
     }
     EXPECT_EQ(unwritten, 0) << label;
     EXPECT_EQ(nonzero_past_end, 0) << label;
-    expect_backward_close(run_backward(d, Path::chunkwise, bwd_cfg, saved.view()),
-                          reference_backward(d), backward_tolerance(d.c), label);
+    expect_backward_close(run_backward(d, Path::chunkwise, bwd_cfg, saved.view()), gref,
+                          backward_tolerance(d.c), label);
   }
 }
 
@@ -494,6 +496,8 @@ TEST(ChunkwiseSaved, StridedTensor) {
   c.Dv = 16;
   c.gate = GateKind::per_key;
   TestData d = make_problem(c);
+  const ForwardResult ref = reference_forward(d);
+  const BackwardResult gref = reference_backward(d);
   for (gdr::SavedContent content : kSavedContents) {
     const gdr::SavedShape shape =
         gdr::saved_shape(gdr::validate_forward(d.forward_params()), 32, content);
@@ -502,8 +506,7 @@ TEST(ChunkwiseSaved, StridedTensor) {
     ExecConfig cfg;
     cfg.chunk_size = 32;
     const std::string label = describe(d.c, d.seed) + " " + saved_name(content);
-    expect_path_close(d, Path::chunkwise, cfg, reference_forward(d), reference_backward(d), label,
-                      saved.view());
+    expect_path_close(d, Path::chunkwise, cfg, ref, gref, label, saved.view());
   }
 }
 
@@ -519,11 +522,12 @@ TEST(ChunkwiseSaved, ExtremeDecayEverywhere) {
     c.gate = gate;
     TestData d = make_problem(c);
     d.g.fill(-30.0);
+    const ForwardResult ref = reference_forward(d);
+    const BackwardResult gref = reference_backward(d);
     for (gdr::SavedContent content : kSavedContents) {
       const std::string label = describe(d.c, d.seed) + " g=-30 " + saved_name(content);
       HostTensor saved = make_saved(d, 64, content);
-      expect_path_close(d, Path::chunkwise, {}, reference_forward(d), reference_backward(d), label,
-                        saved.view());
+      expect_path_close(d, Path::chunkwise, {}, ref, gref, label, saved.view());
     }
   }
 }
