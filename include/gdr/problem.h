@@ -62,9 +62,8 @@ SavedShape saved_shape(const Problem& prob, int chunk_size = 64,
 
 // Checks `saved` (rank, shape, dtype, device, last-dim contiguity) against saved_shape(prob,
 // chunk_size, content) for either content; throws InvalidArgument whose message starts with
-// `op`. Returns the content its record length selects.
-SavedContent validate_saved(const Problem& prob, const TensorView& saved, int chunk_size,
-                            const char* op);
+// `op`.
+void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size, const char* op);
 
 // Validate every argument (SPEC Section 6) before any memory is touched; throws
 // InvalidArgument whose message starts with `op`. The values of cu_seqlens (start 0,

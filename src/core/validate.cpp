@@ -455,8 +455,7 @@ SavedShape saved_shape(const Problem& prob, int chunk_size, SavedContent content
   return s;
 }
 
-SavedContent validate_saved(const Problem& prob, const TensorView& saved, int chunk_size,
-                            const char* op) {
+void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size, const char* op) {
   Checker c{op};
   c.device = prob.device;
   c.device_index = prob.device_index;
@@ -480,8 +479,6 @@ SavedContent validate_saved(const Problem& prob, const TensorView& saved, int ch
       (saved.shape[2] != states.record && saved.shape[2] != full.record))
     fail(op, "saved has shape " + shape_str(saved) + "; " + expected);
   check_dtype(c, "saved", saved, {states.dtype});
-  return saved.shape[2] == states.record ? SavedContent::chunk_states
-                                         : SavedContent::chunk_intermediates;
 }
 
 SequenceSpan sequence_span(const Problem& prob, const Inputs& in, std::int64_t n) {
