@@ -201,8 +201,7 @@ double time_once(Problem& p, const Options& o, const PathSpec& path) {
     std::unique_ptr<float[]> saved(new float[static_cast<std::size_t>(shape.numel())]);
     gdr::ForwardParams fp = p.fp;
     gdr::BackwardParams bp = p.bp;
-    fp.saved = bp.saved = gdr::TensorView::contiguous(saved.get(), shape.dtype,
-                                                      {shape.chunk_rows, shape.Hv, shape.record});
+    fp.saved = bp.saved = shape.view(saved.get());
     gdr::forward(fp, cfg);
     gdr::backward(bp, cfg);
   } else {

@@ -198,8 +198,7 @@ int run_worker(const WorkerOptions& w) {
     if (save_states) {
       const gdr::SavedShape shape = gdr::saved_shape(gdr::validate_forward(fp));
       saved.reset(new std::byte[static_cast<std::size_t>(shape.bytes())]);
-      fp.saved = bp.saved = gdr::TensorView::contiguous(saved.get(), shape.dtype,
-                                                        {shape.chunk_rows, shape.Hv, shape.record});
+      fp.saved = bp.saved = shape.view(saved.get());
     }
     gdr::forward(fp, cfg);
     const auto t1 = std::chrono::steady_clock::now();

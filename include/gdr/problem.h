@@ -54,6 +54,11 @@ struct SavedShape {
 
   std::int64_t numel() const { return chunk_rows * Hv * record; }
   std::int64_t bytes() const { return numel() * dtype_size(dtype); }
+  // A contiguous [chunk_rows, Hv, record] view of `data` (bytes() bytes, owned by the caller),
+  // for ForwardParams::saved and BackwardParams::saved.
+  TensorView view(void* data) const {
+    return TensorView::contiguous(data, dtype, {chunk_rows, Hv, record});
+  }
 };
 
 // The saved shape of a validated problem for chunk size `chunk_size` (16, 32 or 64).
