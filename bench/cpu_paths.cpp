@@ -12,7 +12,7 @@
 // automatic run a training step as the torch layer does by default (SPEC Section 3): the forward
 // fills the saved-for-backward tensor with the chunk-boundary states (ForwardParams::saved,
 // allocated inside the timed call as a training step would) and the backward reads them and
-// recomputes each chunk's Tinv, W, U, Vnew; the suffix `:intermediates` saves those too (the
+// recomputes each chunk's Tinv and Vnew; the suffix `:intermediates` saves those too (the
 // torch layer's save_chunk_intermediates=True, beyond SPEC Section 3), `:recompute` leaves the
 // saved tensor out (the backward then runs its own pass over the chunks).
 //
@@ -511,7 +511,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Compare two gdr CPU paths (A/A then A/B alternating pairs), or time one path"};
   app.add_option("--a", o.a,
                  "path A (sequential, chunkwise, reference, automatic; fwdbwd of chunkwise and "
-                 "automatic saves the chunk states, :intermediates also Tinv, W, U, Vnew, "
+                 "automatic saves the chunk states, :intermediates also Tinv and Vnew, "
                  ":recompute nothing)")
       ->capture_default_str();
   app.add_option("--b", o.b, "path B")->capture_default_str();

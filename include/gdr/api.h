@@ -15,7 +15,7 @@ void forward(const ForwardParams& params, const ExecConfig& config = {});
 // Gradients of every input (SPEC Section 4). Without params.saved it recomputes the
 // chunk-boundary states internally (extra memory O(T / chunk) states per sequence and head,
 // never one state per token); with the forward's params.saved it reads them from there (and
-// the chunks' Tinv, W, U, Vnew too when the forward saved the chunk intermediates).
+// the chunks' Tinv and Vnew too when the forward saved the chunk intermediates).
 void backward(const BackwardParams& params, const ExecConfig& config = {});
 
 // A few tokens (T = 1..16) for each of B sequences, the state updated in place.

@@ -41,21 +41,21 @@ struct Inputs {
 // Saved for backward (optional, CPU chunkwise path only): what the chunkwise forward computes
 // per chunk and value head and the backward would otherwise recompute in a pass over the
 // chunks (SPEC Section 3): the state entering the chunk (SavedContent::chunk_states, SPEC
-// Section 3's training forward) or that state and the chunk's Tinv, W, U and Vnew
+// Section 3's training forward) or that state and the chunk's Tinv and Vnew
 // (SavedContent::chunk_intermediates).
 //   saved  [chunk_rows, Hv, record]  f32 (f64 for f64 inputs); saved_shape() (problem.h) gives
 //          the shape and bytes for a call. Row c0(n) + c holds chunk c of sequence n, c0(n) =
 //          sum_{m < n} ceil(L_m / C); record = Dk Dv floats, S [Dk, Dv] (k-first), for chunk
-//          states; Dk Dv + C^2 + C Dk + 2 C Dv floats, S | Tinv [C, C] | W [C, Dk] |
-//          U [C, Dv] | Vnew [C, Dv] (a chunk of n < C tokens fills the first n rows, each block
-//          row-major [n, ...], and zeros after them), for chunk intermediates. The record length
-//          tells the two apart. Every element is written: rows past the last chunk are zeros.
+//          states; Dk Dv + C^2 + C Dv floats, S | Tinv [C, C] | Vnew [C, Dv] (a chunk of
+//          n < C tokens fills the first n rows, each block row-major [n, ...], and zeros after
+//          them), for chunk intermediates. The record length tells the two apart. Every element
+//          is written: rows past the last chunk are zeros.
 //   Cost per token and value head at C = 64, Dk = Dv = 128: 1 KB (chunk states; 0.13 GB for
-//   T = 4096, Hv = 32) or 2.75 KB (chunk intermediates, 0.37 GB), against one state per chunk of
+//   T = 4096, Hv = 32) or 1.75 KB (chunk intermediates, 0.23 GB), against one state per chunk of
 //   the item being worked on kept inside the backward otherwise. Its layout is the CPU chunkwise
 //   path's own: fill it with forward and hand it, unchanged, to backward with the same inputs,
-//   options and chunk_size. With chunk states the backward recomputes each chunk's Tinv, W, U
-//   and Vnew in its reverse pass (no pass over the chunks first); with chunk intermediates it
+//   options and chunk_size. With chunk states the backward recomputes each chunk's Tinv and
+//   Vnew in its reverse pass (no pass over the chunks first); with chunk intermediates it
 //   recomputes nothing.
 // ForwardParams::saved makes forward run the chunkwise path (Path::automatic resolves to it);
 // BackwardParams::saved makes the chunkwise backward read the states (and per-chunk matrices)

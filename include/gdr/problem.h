@@ -37,7 +37,7 @@ struct SequenceSpan {
 
 // What the saved-for-backward tensor (ForwardParams::saved, params.h) holds per chunk and value
 // head: the state entering the chunk alone (SPEC Section 3's training forward; the backward
-// recomputes the chunk's Tinv, W, U and Vnew from it), or that state and those four matrices
+// recomputes the chunk's Tinv and Vnew from it), or that state and those two matrices
 // (the backward recomputes nothing).
 enum class SavedContent { chunk_states, chunk_intermediates };
 
@@ -45,7 +45,7 @@ enum class SavedContent { chunk_states, chunk_intermediates };
 // when the inputs are f64). chunk_rows is B ceil(T / C) or, under varlen,
 // floor((T + N (C - 1)) / C): an upper bound of sum_n ceil(L_n / C) that depends on the shapes
 // only (so a caller can size it without reading cu_seqlens; the forward writes zeros in the rows
-// past the last sequence's chunks). record is Dk Dv (chunk_states) or Dk Dv + C^2 + C Dk + 2 C Dv
+// past the last sequence's chunks). record is Dk Dv (chunk_states) or Dk Dv + C^2 + C Dv
 // (chunk_intermediates): the record length tells the two apart.
 struct SavedShape {
   std::int64_t chunk_rows = 0, Hv = 0, record = 0;

@@ -19,9 +19,9 @@ What gdr adds, as keyword arguments:
     use_beta_sigmoid_in_kernel   beta holds the raw `b`; beta = sigmoid(b)
     path, chunk_size   'auto' | 'reference' | 'sequential' | 'chunkwise'; 16 | 32 | 64
     save_chunk_intermediates   (chunk_gated_delta_rule, CPU training) the forward keeps each
-                       chunk's Tinv, W, U, Vnew as well as its incoming state (what SPEC Section 3
+                       chunk's Tinv and Vnew as well as its incoming state (what SPEC Section 3
                        keeps, and the default of a CPU training call) for the backward, which
-                       then skips recomputing them: ~1.06x faster fwd + bwd, 2.75 KB per token
+                       then skips recomputing them: ~1.07x faster fwd + bwd, 1.75 KB per token
                        and value head at Dk = Dv = 128 instead of 1 KB; off by default
 All of them are differentiable (autograd) and traceable (torch.compile(fullgraph=True)).
 """

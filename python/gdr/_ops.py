@@ -10,8 +10,8 @@ On a CPU training call (see wants_saved) forward also returns the saved-for-back
 chunkwise path (include/gdr/params.h, ForwardParams::saved), and autograd keeps it and hands it
 to backward: save_for_backward="chunk_states" (chunk_gated_delta_rule's default) keeps the state
 entering each chunk, as SPEC Section 3's training forward does (1 KB per token and value head at
-Dk = Dv = 128, chunk 64), and the backward recomputes each chunk's Tinv, W, U, Vnew from it;
-"chunk_intermediates" (save_chunk_intermediates=True) keeps those too (2.75 KB) and the backward
+Dk = Dv = 128, chunk 64), and the backward recomputes each chunk's Tinv and Vnew from it;
+"chunk_intermediates" (save_chunk_intermediates=True) keeps those too (1.75 KB) and the backward
 recomputes nothing; "none" keeps nothing and the backward runs its own pass over the chunks.
 """
 
@@ -82,7 +82,7 @@ def saved_shape(q, k, v, cu_seqlens, chunk_size, content="chunk_states"):
     fake implementation and dynamic shapes work): gdr::saved_shape (include/gdr/problem.h).
     chunk_rows = B ceil(T / C), or under varlen floor((T + N (C - 1)) / C), an upper bound of
     sum_n ceil(L_n / C); record = Dk Dv (the chunk state S) for "chunk_states", Dk Dv + C^2 +
-    C Dk + 2 C Dv (S | Tinv | W | U | Vnew) for "chunk_intermediates"."""
+    C Dv (S | Tinv | Vnew) for "chunk_intermediates"."""
     c = chunk_size if chunk_size > 0 else 1  # a bad chunk_size is refused by the core
     b, t = _size(q, 0), _size(q, 1)
     hv, dk, dv = _size(v, 2), _size(k, 3), _size(v, 3)
@@ -93,7 +93,7 @@ def saved_shape(q, k, v, cu_seqlens, chunk_size, content="chunk_states"):
         rows = b * ((t + c - 1) // c)
     record = dk * dv
     if content == "chunk_intermediates":
-        record += c * c + c * dk + 2 * c * dv
+        record += c * c + c * dv
     return (rows, hv, record)
 
 

@@ -445,11 +445,9 @@ SavedShape saved_shape(const Problem& prob, int chunk_size, SavedContent content
   // (L + C - 1) / C, so sum_n ceil(L_n / C) <= floor((T + N (C - 1)) / C) whatever the lengths.
   s.chunk_rows = prob.varlen ? (prob.T + prob.N * (C - 1)) / C : prob.B * ((prob.T + C - 1) / C);
   s.Hv = prob.Hv;
-  // S [Dk, Dv] (chunk_states), then Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv]
-  // (chunk_intermediates).
+  // S [Dk, Dv] (chunk_states), then Tinv [C, C] | Vnew [C, Dv] (chunk_intermediates).
   s.record = prob.Dk * prob.Dv;
-  if (content == SavedContent::chunk_intermediates)
-    s.record += C * C + C * prob.Dk + 2 * C * prob.Dv;
+  if (content == SavedContent::chunk_intermediates) s.record += C * C + C * prob.Dv;
   s.dtype = prob.dtype == DType::f64 ? DType::f64 : DType::f32;
   s.content = content;
   return s;
@@ -468,7 +466,7 @@ void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size
       std::to_string(states.Hv) + ", " + std::to_string(states.record) + " or " +
       std::to_string(full.record) +
       "] (chunk_rows = " + (prob.varlen ? "floor((T + N (C - 1)) / C)" : "B ceil(T / C)") +
-      ", record = Dk Dv for chunk states or Dk Dv + C^2 + C Dk + 2 C Dv for chunk "
+      ", record = Dk Dv for chunk states or Dk Dv + C^2 + C Dv for chunk "
       "intermediates, with C = chunk_size = " +
       std::to_string(chunk_size) + "; gdr::saved_shape gives it)";
   if (saved.rank != 3)

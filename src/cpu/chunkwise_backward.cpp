@@ -1,15 +1,16 @@
 // Chunkwise backward (SPEC Section 4). Per work item (sequence, key head, value heads):
 //   1. state pass: the forward recurrence over the chunks, keeping the state entering every
-//      chunk ([R, ceil(L / C), Dk, Dv] fp32) and the chunk's Tinv, W, U and Vnew = U - W S
-//      ([R, ceil(L / C), C^2 + C Dk + 2 C Dv]): the only O(T) memory, about 2.75 states per
-//      chunk at C = 64, Dk = Dv = 128;
+//      chunk ([R, ceil(L / C), Dk, Dv] fp32) and the chunk's Tinv and Vnew = Tinv (beta .* V -
+//      Kb S) ([R, ceil(L / C), C^2 + C Dv]): the only O(T) memory, 1.75 states per chunk at
+//      C = 64, Dk = Dv = 128;
 //   2. reverse pass carrying dS (dfinal_state or 0 at the end), per chunk and value head:
-//        recompute the gates, P and KKg (elementwise from Q K^T, K K^T); Tinv, W, U, Vnew
-//        from the state pass
+//        recompute the gates, P and KKg (elementwise from Q K^T, K K^T); Tinv, Vnew from the
+//        state pass; Kb = beta e .* K
 //        dVnew = scale P^T dO + (d .* K) dS,      Y = Vnew dS^T
-//        r2 = [scale dO ; -dVnew],  [X1 ; dW] = r2 S^T,  dS <- gn .* dS + [e .* Q ; W]^T r2
-//        dVb = Tinv^T dVnew,  dKb = Tinv^T dW
-//        dA = -(dVb U^T + dKb W^T) .* strict_lower,  dP = scale (dO Vnew^T) .* lower
+//        dVb = Tinv^T dVnew                        (the gradient of z = beta .* V - Kb S)
+//        r2 = [scale dO ; -dVb],  [X1 ; dKb] = r2 S^T,  dS <- gn .* dS + [e .* Q ; Kb]^T r2
+//        dA = -dVb Vnew^T .* strict_lower,  dP = scale (dO Vnew^T) .* lower  (= r2 Vnew^T)
+//          (Vnew = Tinv z, dTinv = dVnew z^T, dA = -Tinv^T dTinv Tinv^T = -dVb (Tinv z)^T)
 //        dV = beta .* dVb,  dbeta = rowsum(dVb .* V + dKb .* e .* K + dA .* KKg)
 //        dQ += e .* X1,     dK += beta e .* dKb + d .* Y
 //        dG += e .* (X1 .* Q + beta .* dKb .* K),  dG_n += gn .* rowsum(S .* dS)
@@ -21,9 +22,9 @@
 //      (row dots over Dk for scalar gates, elementwise products for per-key gates).
 //   With BackwardParams::saved (filled by the chunkwise forward) step 1 is skipped and no
 //   per-item buffers are allocated: every chunk's entering state S is read from there, and its
-//   Tinv, W, U and Vnew too (chunk intermediates) or, with chunk states alone (SPEC Section 3's
-//   training forward), recomputed in the reverse pass from S: solve_chunk and Vnew = U - W S
-//   (no state recurrence: the chunks are independent given their states).
+//   Tinv and Vnew too (chunk intermediates) or, with chunk states alone (SPEC Section 3's
+//   training forward), recomputed in the reverse pass from S: solve_chunk and Vnew = Tinv
+//   (beta .* V - Kb S) (no state recurrence: the chunks are independent given their states).
 //   dh0 is the dS that leaves the first chunk. dQ, dK are summed over the value heads sharing
 //   the key head; when a group is split over several items their partial sums are added after.
 #include <omp.h>
@@ -79,10 +80,12 @@ void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkI
       chunkwise::prepare_gates<Real, PerKey>(w, n);
       chunkwise::gated_products<Real, PerKey>(w, n, false);
       chunkwise::solve_chunk<Real, PerKey>(w, n, false);
+      auto z = w.z.topRows(n);
+      z = w.vb.topRows(n);
+      GDR_PRODUCT(st_kb_S, n, Dv, Dk, z.noalias() -= w.qw.middleRows(n, n) * S);
+      chunkwise::solve_vnew(w, n);
       auto vnew = w.vnew.topRows(n);
-      vnew = w.u.topRows(n);
-      GDR_PRODUCT(st_W_S, n, Dv, Dk, vnew.noalias() -= w.qw.middleRows(n, n) * S);
-      // Keep Tinv, W, U, Vnew for the reverse pass.
+      // Keep Tinv and Vnew for the reverse pass.
       chunkwise::keep_solved(w, n, w.solved.data() + (r * chunks + c) * w.solved_stride());
       chunkwise::decay_state<Real, PerKey>(w, S);
       GDR_PRODUCT(st_S_update, Dk, Dv, n, S.noalias() += w.kd.topRows(n).transpose() * vnew);
@@ -92,8 +95,8 @@ void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkI
 
 // One chunk, one value head: dS (leaving the chunk) becomes dS entering it; adds to
 // w.dq_acc / w.dk_acc; leaves dV in w.dv, dg_log in w.g, dbeta in w.dbeta. `solved`: the
-// chunk's Tinv, W, U, Vnew (Workspace::solved_stride's layout) kept by the state pass or saved
-// by the forward; nullptr: recomputed here from S, the state entering the chunk.
+// chunk's Tinv and Vnew (Workspace::solved_stride's layout) kept by the state pass or saved by
+// the forward; nullptr: recomputed here from S, the state entering the chunk.
 template <class Real, bool PerKey>
 void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S, MapMat<Real>& dS,
                     const Real* solved) {
@@ -101,39 +104,34 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   [[maybe_unused]] const int Dk = w.Dk, Dv = w.Dv;  // product shapes (GDR_PRODUCT)
   chunkwise::prepare_gates<Real, PerKey>(w, n);
   chunkwise::gated_products<Real, PerKey>(w, n, true);
-  // Tinv (row stride tinv_ld), U and Vnew = U - W S; W joins e .* Q in qw for the [2n, Dk]
-  // product below.
-  const Real *tinv, *u, *vnew_rows;
+  // Tinv (row stride tinv_ld) and Vnew; qw = [e .* Q ; Kb] for the [2n, Dk] products below.
+  const Real *tinv, *vnew_rows;
   i64 tinv_ld;
   if (solved) {
     chunkwise::decayed_rows<Real, PerKey>(w, n, true);
-    w.qw.middleRows(n, n) = Eigen::Map<const chunkwise::Mat<Real>>(solved + C * C, n, Dk);
     tinv = solved;
     tinv_ld = n;
-    u = solved + C * C + C * Dk;
-    vnew_rows = u + C * Dv;
+    vnew_rows = solved + C * C;
   } else {
-    chunkwise::solve_chunk<Real, PerKey>(w, n, true);  // Tinv, qw = [e .* Q ; W], U, kd
-    auto vnew = w.vnew.topRows(n);
-    vnew = w.u.topRows(n);
-    GDR_PRODUCT(bwd_W_S, n, Dv, Dk, vnew.noalias() -= w.qw.middleRows(n, n) * S);
+    chunkwise::solve_chunk<Real, PerKey>(w, n, true);  // Tinv, qw = [e .* Q ; Kb], vb, kd
+    auto z = w.z.topRows(n);
+    z = w.vb.topRows(n);
+    GDR_PRODUCT(bwd_kb_S, n, Dv, Dk, z.noalias() -= w.qw.middleRows(n, n) * S);
+    chunkwise::solve_vnew(w, n);
     tinv = w.Tinv.data();
     tinv_ld = C;
-    u = w.u.data();
     vnew_rows = w.vnew.data();
   }
   using CMap = Eigen::Map<const chunkwise::Mat<Real>, 0, Eigen::OuterStride<>>;
   const CMap Tinv(tinv, n, n, Eigen::OuterStride<>(tinv_ld));
-  const CMap U(u, n, Dv, Eigen::OuterStride<>(Dv));
   const CMap vnew(vnew_rows, n, Dv, Eigen::OuterStride<>(Dv));
   auto Q = w.q.topRows(n);
   auto K = w.k.topRows(n);
   auto V = w.v.topRows(n);
   auto beta = w.beta.head(n);
-  auto W = w.qw.middleRows(n, n);
   auto P = w.P.topLeftCorner(n, n);
 
-  // dVnew = scale P^T dO + (d .* K) dS;  Y = Vnew dS^T.
+  // dVnew = scale P^T dO + (d .* K) dS (in w.dvb until it becomes dVb);  Y = Vnew dS^T.
   auto dvb = w.dvb.topRows(n);
   auto r2 = w.r2.topRows(2 * n);
   r2.topRows(n) = scale * w.dout.topRows(n);
@@ -150,34 +148,29 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
   } else {
     gate_n = (w.gn.array() * S.cwiseProduct(dS).rowwise().sum().array()).transpose();
   }
+  // dVb = Tinv^T dVnew;  r2 = [scale dO ; -dVb].
+  GDR_PRODUCT_REGION(bwd_Tinvt, profile::tri_flops(n, Dv, false),
+                     r2.bottomRows(n).noalias() =
+                         Tinv.transpose().template triangularView<Eigen::UnitUpper>() * dvb);
+  dvb = r2.bottomRows(n);
   r2.bottomRows(n) = -dvb;
+  // [X1 ; dKb] = r2 S^T  (dKb = -dVb S^T, the gradient of Kb through z = beta .* V - Kb S).
   auto x = w.x.topRows(2 * n);
   GDR_PRODUCT(bwd_r2_St, 2 * n, Dk, Dv, x.noalias() = r2 * S.transpose());
   chunkwise::decay_state<Real, PerKey>(w, dS);
   GDR_PRODUCT(bwd_dS_update, Dk, Dv, 2 * n, dS.noalias() += w.qw.topRows(2 * n).transpose() * r2);
-
-  // dVb = Tinv^T dVnew = -Tinv^T r2_bottom,  dKb = Tinv^T dW.
-  auto Tit = Tinv.transpose();
-  auto dkb = w.dkb.topRows(n);
   auto x1 = x.topRows(n);
-  GDR_PRODUCT_REGION(
-      bwd_Tinvt, profile::tri_flops(n, Dv + Dk, false),
-      dvb.noalias() = Tit.template triangularView<Eigen::UnitUpper>() * r2.bottomRows(n);
-      dkb.noalias() = Tit.template triangularView<Eigen::UnitUpper>() * x.bottomRows(n));
-  dvb = -dvb;
+  auto dkb = x.bottomRows(n);
 
+  // [dP ; dA] = r2 Vnew^T on their lower triangles (above them the workspace's zeros); dA is
+  // strictly lower.
   auto dA = w.dA.topLeftCorner(n, n);
   auto dP = w.dP.topLeftCorner(n, n);
-  // Lower triangles only (the loop below zeroes the rest and negates dA).
-  GDR_PRODUCT_REGION(bwd_dA_dP, profile::tri_flops(n, Dv + Dk + Dv, true),
-                     dA.template triangularView<Eigen::Lower>() = dvb * U.transpose();
-                     dA.template triangularView<Eigen::Lower>() += dkb * W.transpose();
-                     dP.template triangularView<Eigen::Lower>() = r2.topRows(n) * vnew.transpose());
-  for (int r = 0; r < n; ++r) {
-    dA.row(r).head(r) = -dA.row(r).head(r);
-    dA.row(r).tail(n - r).setZero();
-    dP.row(r).tail(n - r - 1).setZero();
-  }
+  GDR_PRODUCT_REGION(
+      bwd_dA_dP, 2 * profile::tri_flops(n, Dv, true),
+      dA.template triangularView<Eigen::Lower>() = r2.bottomRows(n) * vnew.transpose();
+      dP.template triangularView<Eigen::Lower>() = r2.topRows(n) * vnew.transpose());
+  dA.diagonal().setZero();
 
   w.dv.topRows(n).noalias() = beta.asDiagonal() * dvb;
   auto dbeta = w.dbeta.head(n);
@@ -273,8 +266,8 @@ void backward_item(const Problem& prob, const BackwardParams& p, int C, const Wo
     w.dk_acc.topRows(n).setZero();
     for (i64 r = 0; r < heads; ++r) {
       const i64 hv = it.hv0 + r;
-      // The state entering the chunk and its Tinv, W, U, Vnew: from `saved` or the state pass
-      // (saved chunk states alone: the four matrices are recomputed in chunk_backward).
+      // The state entering the chunk and its Tinv, Vnew: from `saved` or the state pass
+      // (saved chunk states alone: the two matrices are recomputed in chunk_backward).
       Real* S_in = saved.defined() ? saved.state(it.chunk_row0 + c, hv)
                                    : w.states.data() + (r * chunks + c) * Dk * Dv;
       const Real* solved = !saved.defined() ? w.solved.data() + (r * chunks + c) * w.solved_stride()

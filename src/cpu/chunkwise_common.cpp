@@ -95,19 +95,20 @@ Workspace<Real>::Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, 
     xk.resize(C, Dk);
     yc.resize(C, Dk);
   } else {
-    qk.setZero(C, C);  // only lower triangles are ever written
+    // Only lower triangles (diagonal included) of these are ever written: their upper
+    // triangles stay the zeros set here.
+    qk.setZero(C, C);
     kk.setZero(C, C);
-    gam.resize(C, C);
+    gam.setZero(C, C);
   }
   P.resize(C, C);
   KKg.resize(C, C);
   A.resize(C, C);
-  Tinv.resize(C, C);
-  kb.resize(C, Dk);
+  Tinv.setZero(C, C);  // unit lower triangular: the upper triangle stays 0 (kept in `solved`)
   vb.resize(C, Dv);
   qw.resize(2 * C, Dk);
   kd.resize(C, Dk);
-  u.resize(C, Dv);
+  z.resize(C, Dv);
   vnew.resize(C, Dv);
   qws.resize(2 * C, Dv);
   S.resize(static_cast<std::size_t>(heads * key_dim * value_dim));
@@ -118,10 +119,10 @@ Workspace<Real>::Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, 
     r2.resize(2 * C, Dv);
     x.resize(2 * C, Dk);
     dvb.resize(C, Dv);
-    dkb.resize(C, Dk);
     y.resize(C, Dk);
-    dA.resize(C, C);
-    dP.resize(C, C);
+    // dP lower (diagonal included), dA strictly lower: the rest stays the zeros set here.
+    dA.setZero(C, C);
+    dP.setZero(C, C);
     dxq.resize(C, Dk);
     dxk.resize(C, Dk);
     dyk.resize(C, Dk);
@@ -153,7 +154,7 @@ inline void diff_row(const double* __restrict a, const double* __restrict b, int
 
 template <class Real>
 void keep_solved(const Workspace<Real>& w, int n, Real* solved) {
-  const i64 C = w.C, Dk = w.Dk, Dv = w.Dv;
+  const i64 C = w.C, Dv = w.Dv;
   // Each block: its first n rows, then zeros to the end of the block's [C, ...] slot.
   auto keep = [n](Real* block, i64 slot, const auto& rows) {
     const i64 used = i64(n) * rows.cols();
@@ -161,9 +162,7 @@ void keep_solved(const Workspace<Real>& w, int n, Real* solved) {
     std::fill(block + used, block + slot, Real(0));
   };
   keep(solved, C * C, w.Tinv.topLeftCorner(n, n));
-  keep(solved + C * C, C * Dk, w.qw.middleRows(n, n));
-  keep(solved + C * C + C * Dk, C * Dv, w.u.topRows(n));
-  keep(solved + C * C + C * Dk + C * Dv, C * Dv, w.vnew.topRows(n));
+  keep(solved + C * C, C * Dv, w.vnew.topRows(n));
 }
 
 template <class Real, bool PerKey>
@@ -182,12 +181,11 @@ void prepare_gates(Workspace<Real>& w, int n) {
   w.d.topRows(n) = w.d.topRows(n).array().exp();
   w.gn = w.e.row(n - 1).transpose();
   if constexpr (!PerKey) {
-    // Gam[r, j] = exp(G_r - G_j), r >= j; 0 above the diagonal.
+    // Gam[r, j] = exp(G_r - G_j), r >= j; 0 above the diagonal (the workspace's zeros).
     for (int r = 0; r < n; ++r) {
       Real* row = w.gam.data() + static_cast<std::ptrdiff_t>(r) * w.gam.cols();
       for (int j = 0; j <= r; ++j) row[j] = static_cast<Real>(G[r] - G[j]);
       w.gam.row(r).head(r + 1) = w.gam.row(r).head(r + 1).array().exp();
-      w.gam.row(r).segment(r + 1, n - r - 1).setZero();
     }
   } else {
     // rf[r] = exp(G_r - G_r0) for r in the block [r0, r1); cf (block-major) holds
@@ -260,12 +258,11 @@ void gated_products(Workspace<Real>& w, int n, bool with_q) {
 
 template <class Real, bool PerKey>
 void solve_chunk(Workspace<Real>& w, int n, bool with_q) {
-  auto K = w.k.topRows(n);
   auto beta = w.beta.head(n);
   auto A = w.A.topLeftCorner(n, n);
   A.noalias() = beta.asDiagonal() * w.KKg.topLeftCorner(n, n);
   // Tinv = (I + A)^{-1}, A strictly lower, by forward substitution row by row:
-  //   Tinv[r, :r] = -A[r, :r] Tinv[:r, :r],  Tinv[r, r] = 1.
+  //   Tinv[r, :r] = -A[r, :r] Tinv[:r, :r],  Tinv[r, r] = 1  (0 above: the workspace's zeros).
   auto Ti = w.Tinv.topLeftCorner(n, n);
   GDR_PRODUCT_REGION(
       tinv_rows, 2.0 * (n - 1) * n * (2 * n - 1) / 6.0,  // sum_{r < n} 2 r^2
@@ -273,33 +270,33 @@ void solve_chunk(Workspace<Real>& w, int n, bool with_q) {
         if (r > 0)
           Ti.row(r).head(r).noalias() = Real(-1) * A.row(r).head(r) * Ti.topLeftCorner(r, r);
         Ti(r, r) = Real(1);
-        Ti.row(r).tail(n - r - 1).setZero();
       });
-  auto kb = w.kb.topRows(n);
   decayed_rows<Real, PerKey>(w, n, with_q);
-  if constexpr (!PerKey) {
-    kb.noalias() = (beta.cwiseProduct(w.e.col(0).head(n))).asDiagonal() * K;
-  } else {
-    kb.noalias() = beta.asDiagonal() * K.cwiseProduct(w.e.topRows(n));
-  }
   w.vb.topRows(n).noalias() = beta.asDiagonal() * w.v.topRows(n);
-  // W = Tinv diag(beta e) K,  U = Tinv diag(beta) V  (Tinv unit lower triangular).
-  GDR_PRODUCT_REGION(
-      tinv_W_U, profile::tri_flops(n, w.Dk + w.Dv, false),
-      w.qw.middleRows(n, n).noalias() = Ti.template triangularView<Eigen::UnitLower>() * kb;
-      w.u.topRows(n).noalias() = Ti.template triangularView<Eigen::UnitLower>() * w.vb.topRows(n));
 }
 
 template <class Real, bool PerKey>
 void decayed_rows(Workspace<Real>& w, int n, bool with_q) {
   auto K = w.k.topRows(n);
+  auto beta = w.beta.head(n);
+  auto kb = w.qw.middleRows(n, n);
   if constexpr (!PerKey) {
     if (with_q) w.qw.topRows(n).noalias() = w.e.col(0).head(n).asDiagonal() * w.q.topRows(n);
+    kb.noalias() = (beta.cwiseProduct(w.e.col(0).head(n))).asDiagonal() * K;
     w.kd.topRows(n).noalias() = w.d.col(0).head(n).asDiagonal() * K;
   } else {
     if (with_q) w.qw.topRows(n) = w.q.topRows(n).cwiseProduct(w.e.topRows(n));
+    kb.noalias() = beta.asDiagonal() * K.cwiseProduct(w.e.topRows(n));
     w.kd.topRows(n) = K.cwiseProduct(w.d.topRows(n));
   }
+}
+
+template <class Real>
+void solve_vnew(Workspace<Real>& w, int n) {
+  GDR_PRODUCT_REGION(
+      tinv_vnew, profile::tri_flops(n, w.Dv, false),
+      w.vnew.topRows(n).noalias() =
+          w.Tinv.topLeftCorner(n, n).template triangularView<Eigen::UnitLower>() * w.z.topRows(n));
 }
 
 template <class Real, bool PerKey>
@@ -418,6 +415,8 @@ template struct Workspace<float>;
 template struct Workspace<double>;
 template void keep_solved<float>(const Workspace<float>&, int, float*);
 template void keep_solved<double>(const Workspace<double>&, int, double*);
+template void solve_vnew<float>(Workspace<float>&, int);
+template void solve_vnew<double>(Workspace<double>&, int);
 
 #define GDR_CHUNKWISE_INSTANTIATE(Real, PerKey)                            \
   template void prepare_gates<Real, PerKey>(Workspace<Real>&, int);        \

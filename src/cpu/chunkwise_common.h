@@ -13,9 +13,11 @@
 // lower triangle only (qk, kk keep zeros above the diagonal), and the products with P, Tinv and
 // the backward's dP, dA go through Eigen's triangular views (about half the flops).
 //   Tinv = (I + A)^{-1} by forward substitution: Tinv[r, :r] = -A[r, :r] Tinv[:r, :r]  [n, n]
-//   qw  = [e .* Q ; W],  W = Tinv (beta e .* K)                                [2n, Dk]
-//   U   = Tinv (beta .* V)                                                      [n, Dv]
-//   Vnew = U - W S,  O = scale (e .* Q S + P Vnew),  S_out = gn .* S + (d .* K)^T Vnew
+//   qw  = [e .* Q ; Kb],  Kb = beta e .* K                                      [2n, Dk]
+//   Vnew = Tinv (beta .* V - Kb S)                                              [n, Dv]
+//        (= U - W S of the WY form, W = Tinv Kb, U = Tinv (beta .* V), with one triangular
+//        product instead of two, and none in the backward's dKb: see chunkwise_backward.cpp)
+//   O = scale (e .* Q S + P Vnew),  S_out = gn .* S + (d .* K)^T Vnew
 //
 // Scalar gates: Gam[r, j] = exp(G_r - G_j) for r >= j. Per-key gates: the pairwise products
 // sum_i X[r,i] K[j,i] exp(G_r[i] - G_j[i]) are split into sub-blocks of kPkBlock rows. For a row
@@ -27,10 +29,10 @@
 // Masked positions arrive from canonical.h as identity steps (g = 0, beta = 0, zero q, k, v),
 // so masks run in-chunk. Extra memory: the per-thread Workspace (O(C D + C^2), plus D^2 states
 // for the item's value heads) and, in the backward, per chunk and value head of the item being
-// worked on: the state entering the chunk [Dk, Dv] and its Tinv, W, U, Vnew
-// ([C, C], [C, Dk], [C, Dv], [C, Dv]; kept from the state pass for the reverse pass), unless the
-// caller's saved-for-backward tensor (SavedRecords below) holds the states of every chunk
-// already (the reverse pass then recomputes Tinv, W, U, Vnew chunk by chunk, or reads them too).
+// worked on: the state entering the chunk [Dk, Dv] and its Tinv, Vnew ([C, C], [C, Dv]; kept
+// from the state pass for the reverse pass), unless the caller's saved-for-backward tensor
+// (SavedRecords below) holds the states of every chunk already (the reverse pass then
+// recomputes Tinv and Vnew chunk by chunk, or reads them too).
 #pragma once
 
 #ifndef EIGEN_DONT_PARALLELIZE
@@ -76,13 +78,13 @@ struct Plan {
 // The saved-for-backward tensor (ForwardParams::saved, [chunk_rows, Hv, record]): one record
 // per chunk and value head, the state entering the chunk, followed (chunk_intermediates, record
 // longer than Dk Dv) by the chunk's `solved` block (Workspace::solved_stride's layout):
-//   S [Dk, Dv] at 0 | Tinv [C, C] | W [C, Dk] | U [C, Dv] | Vnew [C, Dv]  (at Dk Dv + ...)
+//   S [Dk, Dv] at 0 | Tinv [C, C] at Dk Dv | Vnew [C, Dv] at Dk Dv + C^2
 template <class Real>
 struct SavedRecords {
   Real* data = nullptr;
   i64 row_stride = 0, head_stride = 0;  // elements between chunk rows, between value heads
   i64 state_size = 0;                   // Dk Dv: the solved block starts there
-  bool has_solved = false;              // chunk_intermediates: Tinv, W, U, Vnew follow S
+  bool has_solved = false;              // chunk_intermediates: Tinv, Vnew follow S
 
   SavedRecords() = default;
   SavedRecords(const TensorView& saved, i64 Dk, i64 Dv)
@@ -129,17 +131,16 @@ struct Workspace {
   Mat<Real> ediag;            // per key: [C (kPkBlock + 1) / 2, Dk] diagonal-block ratios
   Mat<Real> ediag_k;          // per key: [kPkBlock, Dk] ratios .* K of one row
   Mat<Real> P, KKg, A, Tinv;  // [C, C]
-  Mat<Real> kb, vb;           // [C, Dk] beta e .* K,  [C, Dv] beta .* V
-  Mat<Real> qw;               // [2C, Dk]  [e .* Q ; W]
+  Mat<Real> vb;               // [C, Dv]  beta .* V
+  Mat<Real> qw;               // [2C, Dk]  [e .* Q ; Kb],  Kb = beta e .* K
   Mat<Real> kd;               // [C, Dk]  d .* K
-  Mat<Real> u, vnew;          // [C, Dv]
+  Mat<Real> z, vnew;          // [C, Dv]  beta .* V - Kb S,  Vnew = Tinv z
   Mat<Real> qws;              // [2C, Dv]  qw S
   Mat<Real> xq, xk, yc;       // per key scratch [C, Dk]
   // backward
-  Mat<Real> r2;                     // [2C, Dv]  [scale dO ; -dVnew]
-  Mat<Real> x;                      // [2C, Dk]  r2 S^T
+  Mat<Real> r2;                     // [2C, Dv]  [scale dO ; -dVb]
+  Mat<Real> x;                      // [2C, Dk]  r2 S^T = [X1 ; dKb]
   Mat<Real> dvb, y;                 // [C, Dv] dVnew -> dVb;  [C, Dk] Vnew dS^T
-  Mat<Real> dkb;                    // [C, Dk]
   Mat<Real> dA, dP;                 // [C, C]
   Mat<Real> dxq, dxk, dyk;          // [C, Dk]
   Mat<Real> dG;                     // [C, Wg] gate terms summed by the reverse cumsum
@@ -149,20 +150,19 @@ struct Workspace {
   Mat<Real> gate_n;                 // [1, Wg] exp(G_n) <S, dS> (per channel)
   Vec<Real> t1, t2, cs;             // [C] row dots, column suffix sums
   std::vector<Real> S, dS, states;  // [R, Dk, Dv], [R, Dk, Dv], [R, chunks, Dk, Dv]
-  std::vector<Real> solved;         // [R, chunks, solved_stride()]: Tinv, W, U, Vnew per chunk
+  std::vector<Real> solved;         // [R, chunks, solved_stride()]: Tinv, Vnew per chunk
   std::vector<double> gate_part;    // [1 + Wg] dA_log, ddt_bias contributions of one chunk
 
   Workspace(int chunk, i64 key_dim, i64 value_dim, bool per_key, i64 heads, bool backward);
 
-  // One chunk's entry of `solved`: Tinv [C, C] at 0, W [C, Dk] at C^2, U [C, Dv] at
-  // C^2 + C Dk, Vnew [C, Dv] at C^2 + C Dk + C Dv (first n rows used, row-major, n columns
-  // for Tinv).
-  i64 solved_stride() const { return i64(C) * C + i64(C) * Dk + 2 * i64(C) * Dv; }
+  // One chunk's entry of `solved`: Tinv [C, C] at 0, Vnew [C, Dv] at C^2 (first n rows used,
+  // row-major, n columns for Tinv).
+  i64 solved_stride() const { return i64(C) * C + i64(C) * Dv; }
 };
 
-// Copies the chunk's Tinv, W (qw's bottom n rows), U and Vnew from the workspace into a
-// `solved` block (Workspace::solved_stride's layout), for the backward's reverse pass. A chunk of
-// n < C tokens leaves the rest of each block as zeros, so every element is written.
+// Copies the chunk's Tinv and Vnew from the workspace into a `solved` block
+// (Workspace::solved_stride's layout), for the backward's reverse pass. A chunk of n < C tokens
+// leaves the rest of each block as zeros, so every element is written.
 template <class Real>
 void keep_solved(const Workspace<Real>& w, int n, Real* solved);
 
@@ -175,13 +175,19 @@ void prepare_gates(Workspace<Real>& w, int n);
 template <class Real, bool PerKey>
 void gated_products(Workspace<Real>& w, int n, bool with_q);
 
-// A, Tinv = (I + A)^{-1}, qw = [e .* Q (when with_q) ; W], U, kd = d .* K.
+// A, Tinv = (I + A)^{-1}, vb = beta .* V and decayed_rows' qw, kd.
 template <class Real, bool PerKey>
 void solve_chunk(Workspace<Real>& w, int n, bool with_q);
 
-// The decayed rows alone: qw's top rows e .* Q (when with_q) and kd = d .* K.
+// The decayed rows alone: qw = [e .* Q (top n rows, when with_q) ; Kb = beta e .* K] and
+// kd = d .* K.
 template <class Real, bool PerKey>
 void decayed_rows(Workspace<Real>& w, int n, bool with_q);
+
+// Vnew = Tinv z (n rows; the caller has set w.z = beta .* V - Kb S, its Kb S being part of a
+// product it forms anyway).
+template <class Real>
+void solve_vnew(Workspace<Real>& w, int n);
 
 // Backward of the pairwise products (after gated_products of the same chunk and head, whose
 // ratios it reuses): given upstream w.dP (for P) and w.dA already scaled by

@@ -1,8 +1,8 @@
 // Chunkwise forward (SPEC Section 3), per chunk of n tokens and value head, state S [Dk, Dv]:
-//   [e .* Q ; W] S  (one [2n, Dk] x [Dk, Dv] product),  Vnew = U - W S,
+//   [e .* Q ; Kb] S  (one [2n, Dk] x [Dk, Dv] product),  Vnew = Tinv (beta .* V - Kb S),
 //   O = scale (e .* Q S + P Vnew),  S <- gn .* S + (d .* K)^T Vnew.
 // Only the running state is kept (one per value head of the item). When ForwardParams::saved is
-// given, every chunk's entering state S (and, for chunk intermediates, its Tinv, W, U, Vnew) is
+// given, every chunk's entering state S (and, for chunk intermediates, its Tinv and Vnew) is
 // also written there (one record per chunk and value head, chunkwise_common.h's SavedRecords)
 // for the backward.
 #include <omp.h>
@@ -58,8 +58,9 @@ void forward_item(const Problem& prob, const ForwardParams& p, int C, const Work
       chunkwise::solve_chunk<Real, PerKey>(w, n, true);
       auto qws = w.qws.topRows(2 * n);
       GDR_PRODUCT(fwd_qw_S, 2 * n, Dv, Dk, qws.noalias() = w.qw.topRows(2 * n) * S);
+      w.z.topRows(n) = w.vb.topRows(n) - qws.bottomRows(n);
+      chunkwise::solve_vnew(w, n);
       auto vnew = w.vnew.topRows(n);
-      vnew = w.u.topRows(n) - qws.bottomRows(n);
       auto O = w.o.topRows(n);
       O = qws.topRows(n);
       GDR_PRODUCT_REGION(

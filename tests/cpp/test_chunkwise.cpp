@@ -6,7 +6,7 @@
 // Every case runs three times: the backward recomputing the chunk states itself, and the
 // training step of the torch layer, a forward that fills the saved-for-backward tensor (poisoned
 // with NaN first) and a backward that reads it, with the chunk states alone (SPEC Section 3,
-// the backward recomputes Tinv, W, U, Vnew from them) and with the chunk intermediates.
+// the backward recomputes Tinv and Vnew from them) and with the chunk intermediates.
 #include <gtest/gtest.h>
 
 #include <cmath>

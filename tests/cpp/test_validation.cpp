@@ -506,26 +506,26 @@ TEST_F(Validation, BackwardOptionalGradients) {
 // call's chunk size before any memory is touched, in both directions.
 TEST_F(Validation, SavedForBackward) {
   // B = 2, T = 5, Hv = 4, Dk = 8, Dv = 6, C = 64: rows 2 ceil(5 / 64) = 2, record 8 * 6 = 48
-  // (chunk states) or 8 * 6 + 64^2 + 64 * 8 + 2 * 64 * 6 = 5424 (chunk intermediates).
+  // (chunk states) or 8 * 6 + 64^2 + 64 * 6 = 4528 (chunk intermediates).
   const SavedShape want = saved_shape(validate_forward(fp), 64, SavedContent::chunk_intermediates);
   EXPECT_EQ(want.chunk_rows, 2);
   EXPECT_EQ(want.Hv, 4);
-  EXPECT_EQ(want.record, 5424);
+  EXPECT_EQ(want.record, 4528);
   EXPECT_EQ(want.dtype, DType::f32);
   EXPECT_EQ(want.content, SavedContent::chunk_intermediates);
-  EXPECT_EQ(want.bytes(), 2 * 4 * 5424 * 4);
+  EXPECT_EQ(want.bytes(), 2 * 4 * 4528 * 4);
   const SavedShape states = saved_shape(validate_forward(fp), 64);
   EXPECT_EQ(states.content, SavedContent::chunk_states);
   EXPECT_EQ(states.record, 48);
   EXPECT_EQ(states.chunk_rows, 2);
   EXPECT_EQ(saved_shape(validate_forward(fp), 16, SavedContent::chunk_intermediates).record,
-            48 + 256 + 128 + 192);
+            48 + 256 + 96);
   EXPECT_EQ(saved_shape(validate_forward(fp), 16, SavedContent::chunk_states).record, 48);
   HostTensor state_records(DType::f32, {2, 4, 48});
   fp.saved = state_records.view();
   EXPECT_EQ(gdr::resolve_forward_path(fp), Path::chunkwise);
   fp.saved = TensorView{};
-  HostTensor saved(DType::f32, {2, 4, 5424});
+  HostTensor saved(DType::f32, {2, 4, 4528});
   for (const std::string op : {"gdr.forward", "gdr.backward"}) {
     const bool forward = op == "gdr.forward";
     TensorView& view = forward ? fp.saved : bp.saved;
@@ -540,25 +540,25 @@ TEST_F(Validation, SavedForBackward) {
     EXPECT_NO_THROW(forward ? gdr::resolve_forward_path(fp) : gdr::resolve_backward_path(bp));
     view.rank = 2;
     call({}, {op + ": saved has rank 2 (shape [2, 4]); expected [chunk_rows, Hv, record] = "
-                   "[2, 4, 48 or 5424] (chunk_rows = B ceil(T / C), record = Dk Dv for chunk "
-                   "states or Dk Dv + C^2 + C Dk + 2 C Dv for chunk intermediates, with C = "
+                   "[2, 4, 48 or 4528] (chunk_rows = B ceil(T / C), record = Dk Dv for chunk "
+                   "states or Dk Dv + C^2 + C Dv for chunk intermediates, with C = "
                    "chunk_size = 64; gdr::saved_shape gives it)"});
     view = saved.view();
     view.shape[0] = 3;
-    call({}, {op + ": saved has shape [3, 4, 5424]; expected [chunk_rows, Hv, record] = "
-                   "[2, 4, 48 or 5424]"});
+    call({}, {op + ": saved has shape [3, 4, 4528]; expected [chunk_rows, Hv, record] = "
+                   "[2, 4, 48 or 4528]"});
     view = saved.view();
     view.shape[2] = 49;
     call({}, {op + ": saved has shape [2, 4, 49]; expected [chunk_rows, Hv, record] = "
-                   "[2, 4, 48 or 5424]"});
+                   "[2, 4, 48 or 4528]"});
     view = saved.view();
     view.shape[1] = 2;
-    call({}, {"saved has shape [2, 2, 5424]"});
+    call({}, {"saved has shape [2, 2, 4528]"});
     view = saved.view();
     ExecConfig c16;
     c16.chunk_size = 16;
-    call(c16, {op + ": saved has shape [2, 4, 5424]; expected [chunk_rows, Hv, record] = "
-                    "[2, 4, 48 or 624]",
+    call(c16, {op + ": saved has shape [2, 4, 4528]; expected [chunk_rows, Hv, record] = "
+                    "[2, 4, 48 or 400]",
                "C = chunk_size = 16"});
     view.dtype = DType::f16;
     call({}, {op + ": saved has dtype float16; expected float32"});
@@ -607,11 +607,11 @@ TEST_F(Validation, SavedForBackward) {
                 .chunk_rows,
             (73 + 3 * 31) / 32);
   ForwardParams vp = f.forward_params();
-  HostTensor vs(DType::f32, {1, 4, 5424});
+  HostTensor vs(DType::f32, {1, 4, 4528});
   vp.saved = vs.view();
   expect_invalid([&] { gdr::forward(vp); },
-                 {"saved has shape [1, 4, 5424]; expected [chunk_rows, Hv, record] = [4, 4, "
-                  "48 or 5424] (chunk_rows = floor((T + N (C - 1)) / C)"});  // (73 + 3 * 63) / 64
+                 {"saved has shape [1, 4, 4528]; expected [chunk_rows, Hv, record] = [4, 4, "
+                  "48 or 4528] (chunk_rows = floor((T + N (C - 1)) / C)"});  // (73 + 3 * 63) / 64
 }
 
 class DecodeValidation : public ::testing::Test {
