@@ -326,13 +326,16 @@ void pairwise_backward(Workspace<Real>& w, int n) {
     auto gam = w.gam.topLeftCorner(n, n);
     dMq = dMq.cwiseProduct(gam);
     dMk = dMk.cwiseProduct(gam);
-    // dMq lower (diagonal included), dMk strictly lower (zero diagonal: same result).
-    GDR_PRODUCT_REGION(
-        pair_bwd, 4 * profile::tri_flops(n, w.Dk, true),
-        dxq.noalias() = dMq.template triangularView<Eigen::Lower>() * K;
-        dxk.noalias() = dMk.template triangularView<Eigen::Lower>() * K;
-        dyk.noalias() = dMq.transpose().template triangularView<Eigen::Upper>() * Q;
-        dyk.noalias() += dMk.transpose().template triangularView<Eigen::Upper>() * K);
+    // dMq lower (diagonal included), dMk strictly lower. Both of K K^T's terms reach dK (as
+    // dxk + dyk), so they are one dense product with the symmetric Nk = dMk + dMk^T (in w.A,
+    // free once Tinv is formed): one [n, n] x [n, Dk] product where two triangular ones cost
+    // about as much each (Eigen forms a 64-row triangle as a dense block).
+    auto Nk = w.A.topLeftCorner(n, n);
+    Nk = dMk + dMk.transpose();
+    GDR_PRODUCT_REGION(pair_bwd, 2 * profile::tri_flops(n, w.Dk, true) + 2.0 * n * n * w.Dk,
+                       dxq.noalias() = dMq.template triangularView<Eigen::Lower>() * K;
+                       dyk.noalias() = dMq.transpose().template triangularView<Eigen::Upper>() * Q;
+                       dxk.noalias() = Nk * K);
   } else {
     // Per channel i, t_i[r, j] = (dMq[r, j] Q[r, i] + dMk[r, j] K[r, i]) K[j, i] exp(G_r[i] -
     // G_j[i]). Off-diagonal blocks (r in [r0, r1), j < r0, ratio rf_r .* cf_j): a pair reaches
