@@ -80,10 +80,7 @@ void state_pass(const Problem& prob, const BackwardParams& p, int C, const WorkI
       chunkwise::prepare_gates<Real, PerKey>(w, n);
       chunkwise::gated_products<Real, PerKey>(w, n, false);
       chunkwise::solve_chunk<Real, PerKey>(w, n, false);
-      auto z = w.z.topRows(n);
-      z = w.vb.topRows(n);
-      GDR_PRODUCT(st_kb_S, n, Dv, Dk, z.noalias() -= w.qw.middleRows(n, n) * S);
-      chunkwise::solve_vnew(w, n);
+      chunkwise::vnew_from_state(w, n, S);
       auto vnew = w.vnew.topRows(n);
       // Keep Tinv and Vnew for the reverse pass.
       chunkwise::keep_solved(w, n, w.solved.data() + (r * chunks + c) * w.solved_stride());
@@ -114,10 +111,7 @@ void chunk_backward(Workspace<Real>& w, int n, Real scale, const MapMat<Real>& S
     vnew_rows = solved + C * C;
   } else {
     chunkwise::solve_chunk<Real, PerKey>(w, n, true);  // Tinv, qw = [e .* Q ; Kb], vb, kd
-    auto z = w.z.topRows(n);
-    z = w.vb.topRows(n);
-    GDR_PRODUCT(bwd_kb_S, n, Dv, Dk, z.noalias() -= w.qw.middleRows(n, n) * S);
-    chunkwise::solve_vnew(w, n);
+    chunkwise::vnew_from_state(w, n, S);
     tinv = w.Tinv.data();
     tinv_ld = C;
     vnew_rows = w.vnew.data();

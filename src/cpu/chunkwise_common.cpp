@@ -299,6 +299,14 @@ void solve_vnew(Workspace<Real>& w, int n) {
           w.Tinv.topLeftCorner(n, n).template triangularView<Eigen::UnitLower>() * w.z.topRows(n));
 }
 
+template <class Real>
+void vnew_from_state(Workspace<Real>& w, int n, const MapMat<Real>& S) {
+  auto z = w.z.topRows(n);
+  z = w.vb.topRows(n);
+  GDR_PRODUCT(kb_S, n, w.Dv, w.Dk, z.noalias() -= w.qw.middleRows(n, n) * S);
+  solve_vnew(w, n);
+}
+
 template <class Real, bool PerKey>
 void pairwise_backward(Workspace<Real>& w, int n) {
   auto Q = w.q.topRows(n);
@@ -420,6 +428,8 @@ template void keep_solved<float>(const Workspace<float>&, int, float*);
 template void keep_solved<double>(const Workspace<double>&, int, double*);
 template void solve_vnew<float>(Workspace<float>&, int);
 template void solve_vnew<double>(Workspace<double>&, int);
+template void vnew_from_state<float>(Workspace<float>&, int, const MapMat<float>&);
+template void vnew_from_state<double>(Workspace<double>&, int, const MapMat<double>&);
 
 #define GDR_CHUNKWISE_INSTANTIATE(Real, PerKey)                            \
   template void prepare_gates<Real, PerKey>(Workspace<Real>&, int);        \

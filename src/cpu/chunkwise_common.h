@@ -189,6 +189,11 @@ void decayed_rows(Workspace<Real>& w, int n, bool with_q);
 template <class Real>
 void solve_vnew(Workspace<Real>& w, int n);
 
+// Vnew from the state S entering the chunk (after solve_chunk): z = beta .* V - Kb S, then
+// solve_vnew. For the backward, which has no product of its own that forms Kb S.
+template <class Real>
+void vnew_from_state(Workspace<Real>& w, int n, const MapMat<Real>& S);
+
 // Backward of the pairwise products (after gated_products of the same chunk and head, whose
 // ratios it reuses): given upstream w.dP (for P) and w.dA already scaled by
 // beta (for KKg), writes w.dxq (to dQ), w.dxk + w.dyk (to dK) and adds the gate terms to

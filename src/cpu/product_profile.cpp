@@ -26,10 +26,9 @@ const char* site_name(Site s) {
     case Site::fwd_P_vnew: return "fwd  O += P Vnew         [n,n]x[n,Dv]";
     case Site::fwd_S_update: return "fwd  S += (d.*K)^T Vnew  [Dk,n]x[n,Dv]";
     case Site::st_kk: return "st   K K^T               [n,Dk]x[Dk,n]";
-    case Site::st_kb_S: return "st   z = vb - Kb S       [n,Dk]x[Dk,Dv]";
     case Site::st_S_update: return "st   S += (d.*K)^T Vnew  [Dk,n]x[n,Dv]";
     case Site::bwd_qk_kk: return "bwd  Q K^T, K K^T        [n,Dk]x[Dk,n]";
-    case Site::bwd_kb_S: return "bwd  z = vb - Kb S       [n,Dk]x[Dk,Dv]";
+    case Site::kb_S: return "bwd  z = vb - Kb S       [n,Dk]x[Dk,Dv]";
     case Site::bwd_kd_dS: return "bwd  (d.*K) dS           [n,Dk]x[Dk,Dv]";
     case Site::bwd_Pt_dO: return "bwd  P^T dO              [n,n]x[n,Dv]";
     case Site::bwd_vnew_dSt: return "bwd  Vnew dS^T           [n,Dv]x[Dv,Dk]";
