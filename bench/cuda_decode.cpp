@@ -4,7 +4,9 @@
 // 3x the 60 MB L2 where memory allows, are drawn on the GPU; one CUDA graph holds NS decode
 // calls, one per set; each replay is timed with events, time per call = replay / NS; median
 // of >= 20 replays after warm-up. A device-to-device copy measured in the same run gives the
-// bandwidth ceiling. Every configuration is first checked against the float64 reference on the
+// bandwidth ceiling; a graph of NS state-sized copies (one per set, state i -> state i + 1)
+// gives the same-size ceiling, with the same launch and tail costs as the decode graph. Every
+// configuration is first checked against the float64 reference on the
 // first sequences (gdr::forward, Path::reference on host copies of the same inputs).
 //
 // Work model (PERF.md): minimal bytes per call = fp32 state read + written
@@ -46,6 +48,8 @@ struct Options {
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
+  bool tiles = false;  // also time the wide and the narrow tile
+  int tile = 0;        // tile for the whole run: 0 the launch rule, 1 wide, 2 narrow
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -253,6 +257,41 @@ double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
   return 1e3 * median(ms) / static_cast<double>(sets.size());
 }
 
+// Median time per state-sized copy (us) over graph replays of NS copies, set i's state into
+// set i + 1's (the decode graph's bytes for the state, its launch count and its tails).
+double time_copy_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
+                       const Options& opt) {
+  const std::size_t bytes = static_cast<std::size_t>(s.state_floats()) * 4;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+  for (std::size_t i = 0; i < sets.size(); ++i)
+    check(cudaMemcpyAsync(sets[(i + 1) % sets.size()].state, sets[i].state, bytes,
+                          cudaMemcpyDeviceToDevice, st),
+          "copy");
+  check(cudaStreamEndCapture(st, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  for (int i = 0; i < opt.warmup; ++i) check(cudaGraphLaunch(exec, st), "replay");
+  std::vector<float> ms;
+  for (int i = 0; i < opt.reps; ++i) {
+    check(cudaEventRecord(e0, st), "record");
+    check(cudaGraphLaunch(exec, st), "replay");
+    check(cudaEventRecord(e1, st), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return 1e3 * median(ms) / static_cast<double>(sets.size());
+}
+
 // Device-to-device copy bandwidth (bytes read + written per second), median of 20.
 double copy_bandwidth(cudaStream_t st) {
   const std::size_t bytes = std::size_t{1} << 30;
@@ -296,6 +335,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup);
   app.add_option("--seed", opt.seed);
   app.add_flag("--sweep-warps", opt.sweep_warps, "also time 1, 2, 4, 8 warps per block");
+  app.add_flag("--tiles", opt.tiles, "also time the wide and the narrow tile");
+  app.add_option("--tile", opt.tile, "tile for the whole run: 0 launch rule, 1 wide, 2 narrow");
   app.add_option("--json", opt.json_path, "write the results here");
   app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
   app.add_option("--dump-b", opt.dump_B);
@@ -303,6 +344,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const DType dtype = opt.dtype == "f16" ? DType::f16 : DType::bf16;
   opt.reps = std::max(opt.reps, 20);
+  gdr::cuda::set_recurrent_tile_override(opt.tile);
 
   try {
     cudaStream_t st;
@@ -339,7 +381,16 @@ int main(int argc, char** argv) {
           }
           gdr::cuda::set_recurrent_warps_override(0);
         }
+        json tiles = json::object();
+        if (opt.tiles) {  // the wide and the narrow tile, side by side
+          for (auto [tile, name] : {std::pair<int, const char*>{1, "wide"}, {2, "narrow"}}) {
+            gdr::cuda::set_recurrent_tile_override(tile);
+            tiles[name] = time_graph(s, sets, st, opt);
+          }
+          gdr::cuda::set_recurrent_tile_override(opt.tile);
+        }
         const double us = time_graph(s, sets, st, opt);
+        const double copy_us = time_copy_graph(s, sets, st, opt);
         const double gbps = s.bytes() / (us * 1e-6) / 1e9;
         const double floor_us = s.bytes() / copy_bw * 1e6;
         std::printf(
@@ -347,6 +398,11 @@ int main(int argc, char** argv) {
             "sets %2d  err o %.2e state %.2e %s\n",
             static_cast<long long>(B), static_cast<long long>(T), us, gbps,
             100.0 * gbps * 1e9 / copy_bw, floor_us, ns, o_err, s_err, ok ? "ok" : "FAILED");
+        std::printf("             same-size state copy %9.2f us (%5.1f%% of the 1 GiB copy rate)\n",
+                    copy_us, 100.0 * 2.0 * s.state_floats() * 4 / (copy_us * 1e-6) / copy_bw);
+        if (opt.tiles)
+          std::printf("             wide tile %9.2f us  narrow tile %9.2f us\n",
+                      tiles["wide"].get<double>(), tiles["narrow"].get<double>());
         rows.push_back({{"B", B},
                         {"T", T},
                         {"Hk", opt.Hk},
@@ -362,6 +418,8 @@ int main(int argc, char** argv) {
                         {"floor_us", floor_us},
                         {"sets", ns},
                         {"warps_sweep_us", sweep},
+                        {"tiles_us", tiles},
+                        {"state_copy_same_size_us", copy_us},
                         {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();
         if (!ok)

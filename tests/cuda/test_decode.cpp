@@ -2,7 +2,9 @@
 // gdr::decode (state pool in place) and gdr::forward on CUDA tensors (recurrent path), each
 // against the float64 CPU reference on the same (rounded) inputs, SPEC Section 7 bounds:
 // fp32 inputs < 1e-5, bf16/fp16 inputs < 5e-3, for o and the state. Outputs are poisoned
-// (NaN) before every call; fresh random inputs every run (the seed is in each message).
+// (NaN) before every call; fresh random inputs every run (the seed is in each message). Every
+// case runs with both tiles of the kernel, the wide one of its layout and the narrow column
+// tile (src/cuda/tuning.h's tile override), whichever the launch rule would pick.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/tuning.h"
 #include "gpu_support.h"
 
 namespace gdr::test {
@@ -30,11 +33,33 @@ Case decode_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t H
   return c;
 }
 
-// One decode step on the GPU vs the reference; with indices, also checks bit for bit that
-// pool rows no sequence uses (and the skipped sequence's row) are untouched.
+// Forces one tile of the recurrent kernel for its lifetime (1 = wide, 2 = narrow).
+class TileScope {
+ public:
+  explicit TileScope(int tile) { cuda::set_recurrent_tile_override(tile); }
+  ~TileScope() { cuda::set_recurrent_tile_override(0); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+constexpr int kTiles[] = {1, 2};
+const char* tile_name(int tile) {
+  return tile == 2 ? " [narrow tile]" : " [wide tile]";
+}
+
+void check_decode_tile(const Case& c, std::int64_t P, bool indices, int tile);
+
+// One decode step on the GPU vs the reference, with each tile; with indices, also checks bit
+// for bit that pool rows no sequence uses (and the skipped sequence's row) are untouched.
 void check_decode(const Case& c, std::int64_t P = 0, bool indices = false) {
+  for (int tile : kTiles) check_decode_tile(c, P, indices, tile);
+}
+
+void check_decode_tile(const Case& c, std::int64_t P, bool indices, int tile) {
+  TileScope scope(tile);
   DecodeData d = make_decode_problem(c, P, indices);
-  const std::string label = describe(d.base.c, d.base.seed) + (indices ? " pool" : "");
+  const std::string label =
+      describe(d.base.c, d.base.seed) + (indices ? " pool" : "") + tile_name(tile);
   const std::vector<unsigned char> before(
       static_cast<const unsigned char*>(d.state.data()),
       static_cast<const unsigned char*>(d.state.data()) + span_bytes(d.state.view()));
@@ -59,11 +84,14 @@ void check_decode(const Case& c, std::int64_t P = 0, bool indices = false) {
 }
 
 void check_forward(const Case& c) {
-  TestData d = make_problem(c);
-  const std::string label = describe(d.c, d.seed);
-  const ForwardResult ref = run_forward(d, Path::reference);
-  const ForwardResult got = run_forward_cuda(d);
-  expect_forward_close(got, ref, forward_tolerance(d.c), label);
+  for (int tile : kTiles) {
+    TileScope scope(tile);
+    TestData d = make_problem(c);
+    const std::string label = describe(d.c, d.seed) + tile_name(tile);
+    const ForwardResult ref = run_forward(d, Path::reference);
+    const ForwardResult got = run_forward_cuda(d);
+    expect_forward_close(got, ref, forward_tolerance(d.c), label);
+  }
 }
 
 TEST(CudaDecode, TokensGatesLayoutsDtypes) {
@@ -171,38 +199,40 @@ TEST(CudaDecode, LargeBatch) {
 // A pool whose rows are not 16-byte aligned takes the scalar path; results must not change.
 TEST(CudaDecode, MisalignedPool) {
   REQUIRE_GPU();
-  for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
-    Case c = decode_case(2, 2, 1, 2, 64);
-    c.layout = layout;
-    DecodeData d = make_decode_problem(c);
-    const std::string label = describe(d.base.c, d.base.seed) + " misaligned";
-    const ForwardResult ref = decode_reference(d);
-    d.base.o.poison();
-    DecodeParams host = d.params();
-    DeviceMirror m;
-    DecodeParams p = host;
-    p.q = m.to_device(host.q);
-    p.k = m.to_device(host.k);
-    p.v = m.to_device(host.v);
-    p.g = m.to_device(host.g);
-    p.beta = m.to_device(host.beta);
-    p.o = m.to_device(host.o);
-    const std::size_t bytes = span_bytes(host.state);
-    float* raw = nullptr;
-    cuda_check(cudaMalloc(&raw, bytes + 16), "cudaMalloc");
-    cuda_check(cudaMemcpy(raw + 1, host.state.data, bytes, cudaMemcpyHostToDevice), "H2D");
-    p.state.data = raw + 1;
-    p.state.device = DeviceType::cuda;
-    decode(p);
-    cuda_check(cudaDeviceSynchronize(), "decode");
-    cuda_check(cudaMemcpy(host.state.data, raw + 1, bytes, cudaMemcpyDeviceToHost), "D2H");
-    cudaFree(raw);
-    DeviceMirror::to_host(p.o, host.o);
-    ForwardResult got;
-    got.o = d.base.o.to_double();
-    got.final_state = d.state.to_double();
-    expect_forward_close(got, ref, forward_tolerance(d.base.c), label);
-  }
+  for (int tile : kTiles)
+    for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
+      TileScope scope(tile);
+      Case c = decode_case(2, 2, 1, 2, 64);
+      c.layout = layout;
+      DecodeData d = make_decode_problem(c);
+      const std::string label = describe(d.base.c, d.base.seed) + " misaligned" + tile_name(tile);
+      const ForwardResult ref = decode_reference(d);
+      d.base.o.poison();
+      DecodeParams host = d.params();
+      DeviceMirror m;
+      DecodeParams p = host;
+      p.q = m.to_device(host.q);
+      p.k = m.to_device(host.k);
+      p.v = m.to_device(host.v);
+      p.g = m.to_device(host.g);
+      p.beta = m.to_device(host.beta);
+      p.o = m.to_device(host.o);
+      const std::size_t bytes = span_bytes(host.state);
+      float* raw = nullptr;
+      cuda_check(cudaMalloc(&raw, bytes + 16), "cudaMalloc");
+      cuda_check(cudaMemcpy(raw + 1, host.state.data, bytes, cudaMemcpyHostToDevice), "H2D");
+      p.state.data = raw + 1;
+      p.state.device = DeviceType::cuda;
+      decode(p);
+      cuda_check(cudaDeviceSynchronize(), "decode");
+      cuda_check(cudaMemcpy(host.state.data, raw + 1, bytes, cudaMemcpyDeviceToHost), "D2H");
+      cudaFree(raw);
+      DeviceMirror::to_host(p.o, host.o);
+      ForwardResult got;
+      got.o = d.base.o.to_double();
+      got.final_state = d.state.to_double();
+      expect_forward_close(got, ref, forward_tolerance(d.base.c), label);
+    }
 }
 
 // The launch is captured into a CUDA graph and replayed (the serving pattern); the kernel
