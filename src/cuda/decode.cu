@@ -168,6 +168,7 @@ void set_token_inputs(RecurrentArgs& a, const TensorView& q, const TensorView& k
   a.group = static_cast<int>(prob.Hv / prob.Hk);
   // 16-byte staging units (launch() also needs the block's v columns to be whole units).
   a.vec_tok = rows16(q) && rows16(k) && rows16(v) && (prob.gate == GateKind::scalar || rows16(g));
+  a.vec_o = rows16(o);
 }
 
 void check_common(const char* op, const Problem& prob, const TensorView& q, const TensorView& g,

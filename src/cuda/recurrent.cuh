@@ -80,6 +80,7 @@ struct RecurrentArgs {
   // q, k, v (and a per-key g) rows start on 16-byte boundaries with strides to match: the
   // staging then moves 16-byte units (8 bf16/f16 or 4 f32 values) instead of elements.
   bool vec_tok;
+  bool vec_o;  // o rows start on 16-byte boundaries with strides to match
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
@@ -100,6 +101,28 @@ __device__ __forceinline__ void store_from_float(void* p, std::int64_t i, int dt
     static_cast<__half*>(p)[i] = __float2half_rn(x);
   } else {
     static_cast<float*>(p)[i] = x;
+  }
+}
+
+// Four consecutive outputs o[i .. i + 3] (i % 4 == 0); one 16-byte (f32) or 8-byte (f16, bf16)
+// store when `vec` (the row starts on a 16-byte boundary).
+__device__ __forceinline__ void store4_from_float(void* p, std::int64_t i, int dtype, bool vec,
+                                                  float4 x) {
+  if (!vec) {
+    store_from_float(p, i, dtype, x.x);
+    store_from_float(p, i + 1, dtype, x.y);
+    store_from_float(p, i + 2, dtype, x.z);
+    store_from_float(p, i + 3, dtype, x.w);
+  } else if (dtype == kF32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = x;
+  } else if (dtype == kBF16) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + i) = make_uint2(
+        *reinterpret_cast<const std::uint32_t*>(&lo), *reinterpret_cast<const std::uint32_t*>(&hi));
+  } else {
+    const __half2 lo = __floats2half2_rn(x.x, x.y), hi = __floats2half2_rn(x.z, x.w);
+    *reinterpret_cast<uint2*>(static_cast<__half*>(p) + i) = make_uint2(
+        *reinterpret_cast<const std::uint32_t*>(&lo), *reinterpret_cast<const std::uint32_t*>(&hi));
   }
 }
 
@@ -184,24 +207,57 @@ inline constexpr int shared_floats(int dk, bool per_key, int tc, int cb) {
 // Shared layout (floats, each array from a multiple of 4): q[cnt][DK], k[cnt][DK], v[cnt][cb],
 // a[cnt][DK or 1] = exp(g) (after the in-kernel gate), beta[cnt] (after the sigmoid), mask[cnt].
 
+// Byte address of one input's row for the block's first token (batch row b, token t0, the
+// block's head and, for v, its first column) and the byte stride from one token to the next;
+// formed once per block so that the staging adds only (token * stride + unit offset).
+struct TokenRows {
+  const char* p;
+  std::int64_t ts;
+  __device__ __forceinline__ const char* at(std::int64_t tok) const { return p + tok * ts; }
+};
+
+struct BlockRows {
+  TokenRows q, k, v, g, beta, mask;
+};
+
+__device__ __forceinline__ TokenRows token_rows(const void* base, int es, std::int64_t off,
+                                                std::int64_t st) {
+  if (!base) return {nullptr, 0};
+  return {static_cast<const char*>(base) + es * off, es * st};
+}
+
+__device__ __forceinline__ int dtype_bytes(int dtype) {
+  return dtype == kF32 ? 4 : 2;
+}
+
+__device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
+  if (dtype == kBF16) {
+    const std::uint32_t bits = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return __uint_as_float(bits << 16);
+  }
+  if (dtype == kF16) return __half2float(__ldg(reinterpret_cast<const __half*>(p)));
+  return __ldg(reinterpret_cast<const float*>(p));
+}
+
 // Per-token scalars: [scalar g: cnt (scalar gate only)][beta: cnt][mask: cnt]; loaded into
 // `x` (at most 2 per thread: 3 * 16 <= 2 * 32), stored by store_scalars after the other loads.
+// `tb` is the chunk's first token relative to the block's first token.
 template <bool PERKEY>
-__device__ __forceinline__ void load_scalars(const RecurrentArgs& a, int cnt, std::int64_t b,
-                                             std::int64_t tok0, int hv, float x[2]) {
+__device__ __forceinline__ void load_scalars(const RecurrentArgs& a, const BlockRows& r, int cnt,
+                                             std::int64_t tb, float x[2]) {
   const int s_b = PERKEY ? 0 : cnt, s_m = s_b + cnt, s_end = s_m + cnt;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int f = threadIdx.x + j * blockDim.x;
     x[j] = 0.f;
     if (f < s_b) {
-      x[j] = ldg_as_float(a.g, b * a.g_sb + (tok0 + f) * a.g_st + hv * a.g_sh, a.g_dtype);
+      x[j] = bytes_as_float(r.g.at(tb + f), a.g_dtype);
     } else if (f < s_m) {
-      const std::int64_t tok = tok0 + f - s_b;
-      x[j] = ldg_as_float(a.beta, b * a.beta_sb + tok * a.beta_st + hv * a.beta_sh, a.beta_dtype);
+      x[j] = bytes_as_float(r.beta.at(tb + f - s_b), a.beta_dtype);
     } else if (f < s_end) {
-      const std::int64_t tok = tok0 + f - s_m;
-      x[j] = (a.mask && !__ldg(a.mask + b * a.mask_sb + tok * a.mask_st)) ? 0.f : 1.f;
+      x[j] = (a.mask && !__ldg(reinterpret_cast<const std::uint8_t*>(r.mask.at(tb + f - s_m))))
+                 ? 0.f
+                 : 1.f;
     }
   }
 }
@@ -225,48 +281,37 @@ __device__ __forceinline__ void store_scalars(const RecurrentArgs& a, int cnt, f
 }
 
 // Fast path (a.vec_tok): q, k, v rows (and per-key g rows) move as 16-byte units, two units in
-// flight per thread before any shared store.
+// flight per thread before any shared store. Unit f of the chunk: q units [0, u_k), k units
+// [u_k, u_v), v units [u_v, u_g), per-key g units [u_g, u_end); within an array, unit e is
+// token e >> l, 16-byte word e & (2^l - 1) of that token's row.
 template <int DK, bool PERKEY>
-__device__ __forceinline__ void stage_units(const RecurrentArgs& a, int cnt, std::int64_t b,
-                                            std::int64_t tok0, int hv, int hk, int col0, int cb,
-                                            float A, const float* dtb, float* qs, float* ks,
-                                            float* vs, float* gs, float* bs, float* ms) {
+__device__ __forceinline__ void stage_units(const RecurrentArgs& a, const BlockRows& r, int cnt,
+                                            std::int64_t tb, int cb, float A, const float* dtb,
+                                            float* qs, float* ks, float* vs, float* gs, float* bs,
+                                            float* ms) {
   constexpr int LDK = DK == 64 ? 6 : (DK == 128 ? 7 : 8);
   const int lve = a.in_dtype == kF32 ? 2 : 3;  // log2(values per unit)
   const int lveg = a.g_dtype == kF32 ? 2 : 3;
-  const int es = a.in_dtype == kF32 ? 4 : 2, esg = a.g_dtype == kF32 ? 4 : 2;
   const int lq = LDK - lve;               // log2(units per q/k row)
   const int lv = (31 - __clz(cb)) - lve;  // log2(units per v row); cb % ve == 0 (host)
   const int lg = PERKEY ? LDK - lveg : 0;
   const int u_k = cnt << lq, u_v = 2 * u_k, u_g = u_v + (cnt << lv);
   const int u_end = u_g + (PERKEY ? cnt << lg : 0);
   float xs[2];
-  load_scalars<PERKEY>(a, cnt, b, tok0, hv, xs);
+  load_scalars<PERKEY>(a, r, cnt, tb, xs);
   for (int f0 = threadIdx.x; f0 < u_end; f0 += 2 * blockDim.x) {
     uint4 u[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int f = f0 + j * blockDim.x;
       if (f >= u_end) continue;
-      const char* p;
-      if (f < u_v) {
-        const bool isk = f >= u_k;
-        const int e = isk ? f - u_k : f, t = e >> lq, w = e & ((1 << lq) - 1);
-        const std::int64_t tok = tok0 + t;
-        p = isk ? static_cast<const char*>(a.k) +
-                      es * (b * a.k_sb + tok * a.k_st + hk * a.k_sh + (w << lve))
-                : static_cast<const char*>(a.q) +
-                      es * (b * a.q_sb + tok * a.q_st + hk * a.q_sh + (w << lve));
-      } else if (f < u_g) {
-        const int e = f - u_v, t = e >> lv, w = e & ((1 << lv) - 1);
-        p = static_cast<const char*>(a.v) +
-            es * (b * a.v_sb + (tok0 + t) * a.v_st + hv * a.v_sh + col0 + (w << lve));
-      } else {
-        const int e = f - u_g, t = e >> lg, w = e & ((1 << lg) - 1);
-        p = static_cast<const char*>(a.g) +
-            esg * (b * a.g_sb + (tok0 + t) * a.g_st + hv * a.g_sh + (w << lveg));
-      }
-      u[j] = __ldg(reinterpret_cast<const uint4*>(p));
+      const bool in_q = f < u_k, in_k = f < u_v, in_v = f < u_g;
+      const char* p = in_q ? r.q.p : (in_k ? r.k.p : (in_v ? r.v.p : r.g.p));
+      const std::int64_t ts = in_q ? r.q.ts : (in_k ? r.k.ts : (in_v ? r.v.ts : r.g.ts));
+      const int e = f - (in_q ? 0 : (in_k ? u_k : (in_v ? u_v : u_g)));
+      const int l = in_k ? lq : (in_v ? lv : lg);
+      u[j] = __ldg(
+          reinterpret_cast<const uint4*>(p + (tb + (e >> l)) * ts + 16 * (e & ((1 << l) - 1))));
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -298,12 +343,13 @@ __device__ __forceinline__ void stage_units(const RecurrentArgs& a, int cnt, std
 
 // General strides: element by element (read-only loads, unrolled so several are in flight).
 template <int DK, bool PERKEY>
-__device__ __forceinline__ void stage_elements(const RecurrentArgs& a, int cnt, std::int64_t b,
+__device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const BlockRows& r,
+                                               std::int64_t t0, int cnt, std::int64_t b,
                                                std::int64_t tok0, int hv, int hk, int col0, int cb,
                                                float A, const float* dtb, float* qs, float* ks,
                                                float* vs, float* gs, float* bs, float* ms) {
   float xs[2];
-  load_scalars<PERKEY>(a, cnt, b, tok0, hv, xs);
+  load_scalars<PERKEY>(a, r, cnt, tok0 - t0, xs);
 #pragma unroll 4
   for (int e = threadIdx.x; e < cnt * DK; e += blockDim.x) {
     const std::int64_t tok = tok0 + e / DK;
@@ -341,10 +387,12 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int cb = nwarps * CW;
-  const int split = blockIdx.x % a.splits;
-  const std::int64_t rest = blockIdx.x / a.splits;
-  const int hv = static_cast<int>(rest % a.Hv);
-  const std::int64_t n = rest / a.Hv;
+  // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
+  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  const std::int64_t n = nq;
   const int hk = hv / a.group;
   const int col0 = split * cb;        // first value column of the block
   const int colw = col0 + warp * CW;  // first value column of the warp
@@ -395,9 +443,12 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
         s[m] = make_float4(
             __ldcs(base + strided(m, 0, a.hin_s2)), __ldcs(base + strided(m, 1, a.hin_s2)),
             __ldcs(base + strided(m, 2, a.hin_s2)), __ldcs(base + strided(m, 3, a.hin_s2)));
+    } else if (a.vec_in) {  // one uniform branch: 16-byte loads, none predicated off
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m, a.hin_s2), true);
     } else {
 #pragma unroll
-      for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m, a.hin_s2), a.vec_in);
+      for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m, a.hin_s2), false);
     }
   } else {
 #pragma unroll
@@ -416,16 +467,30 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
 
+  // The block's first token row of every input; o as an element index (store_from_float).
+  const int es = dtype_bytes(a.in_dtype);
+  BlockRows rows;
+  rows.q = token_rows(a.q, es, b * a.q_sb + t0 * a.q_st + hk * a.q_sh, a.q_st);
+  rows.k = token_rows(a.k, es, b * a.k_sb + t0 * a.k_st + hk * a.k_sh, a.k_st);
+  rows.v = token_rows(a.v, es, b * a.v_sb + t0 * a.v_st + hv * a.v_sh + col0, a.v_st);
+  rows.g = token_rows(a.g, dtype_bytes(a.g_dtype), b * a.g_sb + t0 * a.g_st + hv * a.g_sh, a.g_st);
+  rows.beta = token_rows(a.beta, dtype_bytes(a.beta_dtype),
+                         b * a.beta_sb + t0 * a.beta_st + hv * a.beta_sh, a.beta_st);
+  rows.mask = token_rows(a.mask, 1, b * a.mask_sb + t0 * a.mask_st, a.mask_st);
+  const std::int64_t orow = b * a.o_sb + t0 * a.o_st + hv * a.o_sh;
+
   for (std::int64_t tb = 0; tb < len; tb += tc) {
     const int cnt = static_cast<int>(len - tb < tc ? len - tb : tc);
     if (tb > 0) __syncthreads();  // the previous chunk's readers are done
     if (a.vec_tok) {
-      stage_units<DK, PERKEY>(a, cnt, b, t0 + tb, hv, hk, col0, cb, A, dtb, qs, ks, vs, gs, bs, ms);
+      stage_units<DK, PERKEY>(a, rows, cnt, tb, cb, A, dtb, qs, ks, vs, gs, bs, ms);
     } else {
-      stage_elements<DK, PERKEY>(a, cnt, b, t0 + tb, hv, hk, col0, cb, A, dtb, qs, ks, vs, gs, bs,
-                                 ms);
+      stage_elements<DK, PERKEY>(a, rows, t0, cnt, b, t0 + tb, hv, hk, col0, cb, A, dtb, qs, ks, vs,
+                                 gs, bs, ms);
     }
     __syncthreads();
+    // Bit t: token t of the chunk steps (1) or is masked (0); tc <= 16 < 32 lanes.
+    const unsigned live = __ballot_sync(0xffffffffu, lane < cnt && ms[lane] != 0.f);
 
     // ---- the recurrence over the chunk, state in registers ----
     // The token's Dk-reductions are done on the raw q, k in one butterfly: S'.k, S'.q, k.q and,
@@ -433,8 +498,7 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
     // reduced values (q~ = scale q / ||q||, k^ = k / ||k||).
     auto step = [&](auto l2_tag, int t) {
       constexpr bool L2 = decltype(l2_tag)::value;
-      const std::int64_t tok = t0 + tb + t;
-      const std::int64_t obase = b * a.o_sb + tok * a.o_st + hv * a.o_sh;
+      const std::int64_t obase = orow + (tb + t) * a.o_st;
       const float* qt = qs + t * DK;
       const float* kt = ks + t * DK;
       const float* gt = gs + t * GW;
@@ -561,10 +625,10 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
         u[2] = be * (v4.z - dec * pk[2] * rk);
         u[3] = be * (v4.w - dec * pk[3] * rk);
         if (lane < CG) {  // o = S'^T q~ + u (k^ . q~)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype,
-                             dec * pq[e] * fq + u[e] * kqn);
+          store4_from_float(
+              a.o, obase + colw + 4 * lane, a.in_dtype, a.vec_o,
+              make_float4(dec * pq[0] * fq + u[0] * kqn, dec * pq[1] * fq + u[1] * kqn,
+                          dec * pq[2] * fq + u[2] * kqn, dec * pq[3] * fq + u[3] * kqn));
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) u[e] *= rk;
@@ -585,8 +649,8 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
     };
 #pragma unroll 1
     for (int t = 0; t < cnt; ++t) {
-      if (ms[t] == 0.f) {  // masked: state unchanged, o_t = 0
-        const std::int64_t obase = b * a.o_sb + (t0 + tb + t) * a.o_st + hv * a.o_sh;
+      if (!((live >> t) & 1u)) {  // masked: state unchanged, o_t = 0
+        const std::int64_t obase = orow + (tb + t) * a.o_st;
         if constexpr (COLS) {
           if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
         } else {
@@ -615,9 +679,12 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
         __stcs(base + strided(m, 2, a.hout_s2), s[m].z);
         __stcs(base + strided(m, 3, a.hout_s2), s[m].w);
       }
+    } else if (a.vec_out) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store4(base + offset(m, a.hout_s2), s[m], true);
     } else {
 #pragma unroll
-      for (int m = 0; m < M; ++m) store4(base + offset(m, a.hout_s2), s[m], a.vec_out);
+      for (int m = 0; m < M; ++m) store4(base + offset(m, a.hout_s2), s[m], false);
     }
   }
 }
