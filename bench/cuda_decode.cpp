@@ -48,8 +48,8 @@ struct Options {
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
-  bool tiles = false;  // also time the wide and the narrow tile
-  int tile = 0;        // tile for the whole run: 0 the launch rule, 1 wide, 2 narrow
+  bool paths = false;  // also time the staged and the one-token kernel
+  int path = 0;        // for the whole run: 0 the launch rule, 1 staged, 2 one-token
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -335,8 +335,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup);
   app.add_option("--seed", opt.seed);
   app.add_flag("--sweep-warps", opt.sweep_warps, "also time 1, 2, 4, 8 warps per block");
-  app.add_flag("--tiles", opt.tiles, "also time the wide and the narrow tile");
-  app.add_option("--tile", opt.tile, "tile for the whole run: 0 launch rule, 1 wide, 2 narrow");
+  app.add_flag("--paths", opt.paths, "also time the staged and the one-token kernel");
+  app.add_option("--path", opt.path,
+                 "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token");
   app.add_option("--json", opt.json_path, "write the results here");
   app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
   app.add_option("--dump-b", opt.dump_B);
@@ -344,7 +345,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const DType dtype = opt.dtype == "f16" ? DType::f16 : DType::bf16;
   opt.reps = std::max(opt.reps, 20);
-  gdr::cuda::set_recurrent_tile_override(opt.tile);
+  gdr::cuda::set_recurrent_path_override(opt.path);
 
   try {
     cudaStream_t st;
@@ -381,13 +382,13 @@ int main(int argc, char** argv) {
           }
           gdr::cuda::set_recurrent_warps_override(0);
         }
-        json tiles = json::object();
-        if (opt.tiles) {  // the wide and the narrow tile, side by side
-          for (auto [tile, name] : {std::pair<int, const char*>{1, "wide"}, {2, "narrow"}}) {
-            gdr::cuda::set_recurrent_tile_override(tile);
-            tiles[name] = time_graph(s, sets, st, opt);
+        json paths = json::object();
+        if (opt.paths) {  // the staged and the one-token kernel, side by side
+          for (auto [path, name] : {std::pair<int, const char*>{1, "staged"}, {2, "one"}}) {
+            gdr::cuda::set_recurrent_path_override(path);
+            paths[name] = time_graph(s, sets, st, opt);
           }
-          gdr::cuda::set_recurrent_tile_override(opt.tile);
+          gdr::cuda::set_recurrent_path_override(opt.path);
         }
         const double us = time_graph(s, sets, st, opt);
         const double copy_us = time_copy_graph(s, sets, st, opt);
@@ -400,9 +401,9 @@ int main(int argc, char** argv) {
             100.0 * gbps * 1e9 / copy_bw, floor_us, ns, o_err, s_err, ok ? "ok" : "FAILED");
         std::printf("             same-size state copy %9.2f us (%5.1f%% of the 1 GiB copy rate)\n",
                     copy_us, 100.0 * 2.0 * s.state_floats() * 4 / (copy_us * 1e-6) / copy_bw);
-        if (opt.tiles)
-          std::printf("             wide tile %9.2f us  narrow tile %9.2f us\n",
-                      tiles["wide"].get<double>(), tiles["narrow"].get<double>());
+        if (opt.paths)
+          std::printf("             staged %9.2f us  one-token %9.2f us\n",
+                      paths["staged"].get<double>(), paths["one"].get<double>());
         rows.push_back({{"B", B},
                         {"T", T},
                         {"Hk", opt.Hk},
@@ -418,7 +419,7 @@ int main(int argc, char** argv) {
                         {"floor_us", floor_us},
                         {"sets", ns},
                         {"warps_sweep_us", sweep},
-                        {"tiles_us", tiles},
+                        {"paths_us", paths},
                         {"state_copy_same_size_us", copy_us},
                         {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

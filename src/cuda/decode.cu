@@ -1,7 +1,7 @@
 // Host side of the CUDA recurrent kernel (recurrent.cuh): gdr::cuda::decode (state pool
 // updated in place) and gdr::cuda::recurrent_forward (h0 -> final_state, any T, varlen).
-// Instantiated for Dk in {64, 128, 256}, both state layouts, both gate kinds and the wide or
-// the narrow tile (24 kernels);
+// Instantiated for Dk in {64, 128, 256}, both state layouts and both gate kinds (12 kernels),
+// plus the one-token kernel (recurrent_one.cuh: k-first, both gate kinds, 6 kernels);
 // Dv (64, 128, 256), dtypes and the fused options are run-time values (the dtypes and options
 // are read in the per-chunk staging code only).
 #include <cuda_runtime.h>
@@ -16,6 +16,7 @@
 
 #include "cuda/paths.h"
 #include "cuda/recurrent.cuh"
+#include "cuda/recurrent_one.cuh"
 #include "cuda/tuning.h"
 #include "gdr/error.h"
 
@@ -25,15 +26,13 @@ namespace {
 using detail::RecurrentArgs;
 
 std::atomic<int> g_warps_override{0};
-std::atomic<int> g_tile_override{0};
+std::atomic<int> g_path_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
 static_assert(recurrent_warps_per_block(32 * 8, 1, 128, 128, false, 132) == 4);   // B = 8
 static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);   // B = 8, T = 8
 static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);  // B = 32, T = 8
-static_assert(recurrent_narrow(32, 128, 128, false, 132));                        // B = 1
-static_assert(!recurrent_narrow(32 * 8, 128, 128, false, 132));                   // B = 8
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -192,14 +191,11 @@ void check_common(const char* op, const Problem& prob, const TensorView& q, cons
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
-  const int sms = sm_count(prob.device_index, op);
-  const int tile = g_tile_override.load(std::memory_order_relaxed);
-  const bool narrow =
-      tile == 0 ? recurrent_narrow(heads, prob.Dk, prob.Dv, v_first, sms) : tile == 2;
   int warps = g_warps_override.load(std::memory_order_relaxed);
-  const int cw = recurrent_columns_per_warp(prob.Dk, v_first, narrow);
+  const int cw = recurrent_columns_per_warp(prob.Dk, v_first);
   if (warps <= 0 || (prob.Dv / cw) % warps != 0)
-    warps = recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first, sms, narrow);
+    warps = recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first,
+                                      sm_count(prob.device_index, op));
   const std::int64_t splits = prob.Dv / (static_cast<std::int64_t>(warps) * cw);
   const std::int64_t blocks = heads * splits;
   if (blocks == 0) return;
@@ -207,22 +203,30 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     refuse(op,
            "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
   a.splits = static_cast<int>(splits);
+  // The one-token kernel reads each lane's slices of 16-byte aligned rows (recurrent_one.cuh).
+  const bool one = recurrent_one_applies(a.T, a.cu_seqlens != nullptr, v_first, a.vec_tok) &&
+                   g_path_override.load(std::memory_order_relaxed) != 1;
   const int values_per_unit = 16 / dtype_size(prob.dtype);
   a.vec_tok = a.vec_tok && (warps * cw) % values_per_unit == 0;
   const bool per_key = prob.gate == GateKind::per_key;
   with_dim(prob.Dk, [&](auto dk) {
     constexpr int DK = decltype(dk)::value;
+    if (one) {
+      with_bool(per_key, [&](auto pk) {
+        detail::recurrent_one_kernel<DK, decltype(pk)::value>
+            <<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
+      });
+      return;
+    }
     constexpr int TC = detail::Tile<DK, false>::kTC;
     a.tc = static_cast<int>(a.T < TC ? (a.T > 0 ? a.T : 1) : TC);
     const std::size_t smem = sizeof(float) * detail::shared_floats(DK, per_key, a.tc, warps * cw);
     with_bool(v_first, [&](auto vf) {
       with_bool(per_key, [&](auto pk) {
-        with_bool(narrow, [&](auto nw) {
-          constexpr bool VF = decltype(vf)::value, NW = decltype(nw)::value;
-          static_assert(detail::Tile<DK, VF, NW>::kCW == recurrent_columns_per_warp(DK, VF, NW));
-          detail::recurrent_kernel<DK, VF, decltype(pk)::value, NW>
-              <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
-        });
+        static_assert(detail::Tile<DK, decltype(vf)::value>::kCW ==
+                      recurrent_columns_per_warp(DK, decltype(vf)::value));
+        detail::recurrent_kernel<DK, decltype(vf)::value, decltype(pk)::value>
+            <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
       });
     });
   });
@@ -235,8 +239,8 @@ void set_recurrent_warps_override(int warps) {
   g_warps_override.store(warps == 1 || warps == 2 || warps == 4 || warps == 8 ? warps : 0);
 }
 
-void set_recurrent_tile_override(int tile) {
-  g_tile_override.store(tile == 1 || tile == 2 ? tile : 0);
+void set_recurrent_path_override(int path) {
+  g_path_override.store(path == 1 || path == 2 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

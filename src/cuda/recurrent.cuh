@@ -181,20 +181,13 @@ __device__ __forceinline__ float softplus(float x) {
 //   v-first: LPC = Dk / 32 lanes per column (a 16-byte access per lane covers 4 keys),
 //            CW = 32 / LPC, M = 8.
 // Both keep the state plus the staged k (and q) values a thread reuses under 128 registers.
-// NARROW (either layout): the column tile with a quarter of the keys per lane, M = 4 (16 keys
-// of one column), LPC = Dk / 16, CW = 32 / LPC (8, 4, 2 at Dk = 64, 128, 256): four times the
-// warps for the same state, each with a quarter of the per-token work, for grids too small to
-// fill the GPU with the wide tiles (few sequences x heads). In a k-first state a lane's keys of
-// one column are rows Dv apart, so its vector m is four 4-byte accesses (a warp touches LPC rows
-// x 4 CW bytes per access); the token step is the v-first one.
-template <int DK, bool VFIRST, bool NARROW = false>
+template <int DK, bool VFIRST>
 struct Tile {
-  static constexpr bool kCols = VFIRST || NARROW;  // a lane holds keys of one value column
-  static constexpr int kM = NARROW ? 4 : (VFIRST ? 8 : DK * (DK == 256 ? 8 : 16) / 128);
-  static constexpr int kLPC = DK / (4 * kM);                            // column tiles
-  static constexpr int kCW = kCols ? 32 / kLPC : (DK == 256 ? 8 : 16);  // columns per warp
-  static constexpr int kCG = kCols ? 1 : kCW / 4, kRG = 32 / kCG;       // k-first row tile
-  static constexpr int kTC = DK == 256 ? 8 : 16;                        // tokens per chunk
+  static constexpr int kLPC = DK / 32;                                   // v-first
+  static constexpr int kCW = VFIRST ? 32 / kLPC : (DK == 256 ? 8 : 16);  // columns per warp
+  static constexpr int kM = DK * kCW / 128;                              // float4 per thread
+  static constexpr int kCG = kCW / 4, kRG = 32 / kCG;                    // k-first
+  static constexpr int kTC = DK == 256 ? 8 : 16;                         // tokens per chunk
 };
 
 // Shared floats per block for `tc` staged tokens and `cb` value columns:
@@ -375,12 +368,10 @@ __device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const Blo
 }
 
 // Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
-template <int DK, bool VFIRST, bool PERKEY, bool NARROW = false>
-__global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const RecurrentArgs a) {
-  using Tl = Tile<DK, VFIRST, NARROW>;
+template <int DK, bool VFIRST, bool PERKEY>
+__global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a) {
+  using Tl = Tile<DK, VFIRST>;
   constexpr int CW = Tl::kCW, M = Tl::kM, CG = Tl::kCG, LPC = Tl::kLPC;
-  constexpr bool COLS = Tl::kCols;             // the token step of the column tiles
-  constexpr bool STRIDED = NARROW && !VFIRST;  // k-first column tile: 4-byte state accesses
   constexpr int GW = PERKEY ? DK : 1;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -428,22 +419,11 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
     }
   };
 
-  // k-first column tile: vector m holds S[4(lic + LPC m) + e, colw + lane / LPC], e = 0..3.
-  auto strided = [&](int m, int e, std::int64_t s2) -> std::int64_t {
-    return static_cast<std::int64_t>(4 * (lane % LPC + LPC * m) + e) * s2 + colw + lane / LPC;
-  };
-
   // State loads first: they are the long-latency traffic and overlap the staging below.
   float4 s[M];
   if (a.h_in) {
     const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1;
-    if constexpr (STRIDED) {
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-        s[m] = make_float4(
-            __ldcs(base + strided(m, 0, a.hin_s2)), __ldcs(base + strided(m, 1, a.hin_s2)),
-            __ldcs(base + strided(m, 2, a.hin_s2)), __ldcs(base + strided(m, 3, a.hin_s2)));
-    } else if (a.vec_in) {  // one uniform branch: 16-byte loads, none predicated off
+    if (a.vec_in) {  // one uniform branch: 16-byte loads, none predicated off
 #pragma unroll
       for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m, a.hin_s2), true);
     } else {
@@ -506,7 +486,7 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
       // Scalar gate: the decay is applied lazily (S'.x = a * (S.x)); per-key: S' first.
       float dec = 1.f;
       if constexpr (PERKEY) {
-        if constexpr (COLS) {
+        if constexpr (VFIRST) {
 #pragma unroll
           for (int m = 0; m < M; ++m) {
             const float4 g4 = reinterpret_cast<const float4*>(gt)[lane % LPC + LPC * m];
@@ -532,7 +512,7 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
       } else {
         dec = gt[0];
       }
-      if constexpr (COLS) {
+      if constexpr (VFIRST) {
         // One value column per group of LPC lanes: pk = S.k, pq = S.q over Dk.
         const float4* k4 = reinterpret_cast<const float4*>(kt);
         const float4* q4 = reinterpret_cast<const float4*>(qt);
@@ -651,7 +631,7 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
     for (int t = 0; t < cnt; ++t) {
       if (!((live >> t) & 1u)) {  // masked: state unchanged, o_t = 0
         const std::int64_t obase = orow + (tb + t) * a.o_st;
-        if constexpr (COLS) {
+        if constexpr (VFIRST) {
           if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
         } else {
           if (lane < CG) {
@@ -671,15 +651,7 @@ __global__ void __launch_bounds__(256, NARROW ? 3 : 2) recurrent_kernel(const Re
 
   if (a.h_out) {
     float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1;
-    if constexpr (STRIDED) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        __stcs(base + strided(m, 0, a.hout_s2), s[m].x);
-        __stcs(base + strided(m, 1, a.hout_s2), s[m].y);
-        __stcs(base + strided(m, 2, a.hout_s2), s[m].z);
-        __stcs(base + strided(m, 3, a.hout_s2), s[m].w);
-      }
-    } else if (a.vec_out) {
+    if (a.vec_out) {
 #pragma unroll
       for (int m = 0; m < M; ++m) store4(base + offset(m, a.hout_s2), s[m], true);
     } else {

@@ -7,21 +7,9 @@
 namespace gdr::cuda {
 
 // Value columns one warp owns (recurrent.cuh, Tile::kCW): k-first 16 (8 at Dk = 256), v-first
-// 32 / (Dk / 32), so that a thread keeps at most 64 state floats in registers; the narrow
-// column tile (either layout) 32 / (Dk / 16), 16 state floats per thread.
-constexpr int recurrent_columns_per_warp(std::int64_t dk, bool v_first, bool narrow = false) {
-  if (narrow) return static_cast<int>(32 / (dk / 16));
+// 32 / (Dk / 32), so that a thread keeps at most 64 state floats in registers.
+constexpr int recurrent_columns_per_warp(std::int64_t dk, bool v_first) {
   return v_first ? static_cast<int>(32 / (dk / 32)) : (dk == 256 ? 8 : 16);
-}
-
-// The narrow tile when the wide one would give the GPU fewer than `kNarrowBelowWarpsPerSm`
-// warps per SM (few sequences x heads): there the time is the per-token dependency chain of
-// too few warps, which a quarter of the state per lane shortens (bench/NOTES-gpu.md, v14).
-inline constexpr int kNarrowBelowWarpsPerSm = 8;
-constexpr bool recurrent_narrow(std::int64_t heads, std::int64_t dk, std::int64_t dv, bool v_first,
-                                int sm_count) {
-  return heads * (dv / recurrent_columns_per_warp(dk, v_first)) <
-         static_cast<std::int64_t>(kNarrowBelowWarpsPerSm) * sm_count;
 }
 
 // Warps per block. The warps of a block share one staging of q, k (and the gates) per chunk,
@@ -30,31 +18,31 @@ constexpr bool recurrent_narrow(std::int64_t heads, std::int64_t dk, std::int64_
 // Dk = Dv = 128, B = 1..256): T = 1: 4 warps best from B = 32 on, all within 2 % at B = 8,
 // 1 warp best at B = 1 (4.7 us vs 5.1 us with 4); T = 8: 8 warps best from B = 32 on, 4 warps
 // best at B = 1 and 8. Rule: 8 warps from T = 4 tokens, else 4; one step down (to 4 or to 1)
-// while that would leave fewer than two blocks per SM; never more than Dv / CW. The narrow
-// tile: 4 warps from T = 4, else 2 (so that a block's v columns are whole 16-byte units).
+// while that would leave fewer than two blocks per SM; never more than Dv / CW.
 constexpr int recurrent_warps_per_block(std::int64_t heads, std::int64_t tokens, std::int64_t dk,
-                                        std::int64_t dv, bool v_first, int sm_count,
-                                        bool narrow = false) {
-  const std::int64_t warps_per_head = dv / recurrent_columns_per_warp(dk, v_first, narrow);
-  std::int64_t w = 0;
-  if (narrow) {
-    w = tokens >= 4 ? 4 : 2;
-  } else {
-    const std::int64_t big = tokens >= 4 ? 8 : 4, small = tokens >= 4 ? 4 : 1;
-    w = heads * (warps_per_head / (big < warps_per_head ? big : warps_per_head)) >=
-                2 * static_cast<std::int64_t>(sm_count)
-            ? big
-            : small;
-  }
+                                        std::int64_t dv, bool v_first, int sm_count) {
+  const std::int64_t warps_per_head = dv / recurrent_columns_per_warp(dk, v_first);
+  const std::int64_t big = tokens >= 4 ? 8 : 4, small = tokens >= 4 ? 4 : 1;
+  std::int64_t w = heads * (warps_per_head / (big < warps_per_head ? big : warps_per_head)) >=
+                           2 * static_cast<std::int64_t>(sm_count)
+                       ? big
+                       : small;
   if (w > warps_per_head) w = warps_per_head;
   return static_cast<int>(w);
+}
+
+// The one-token kernel (recurrent_one.cuh) takes a call of one token per sequence (no varlen)
+// on a k-first state whose q, k, v (and per-key g) rows are 16-byte aligned.
+constexpr bool recurrent_one_applies(std::int64_t tokens, bool varlen, bool v_first,
+                                     bool rows_aligned) {
+  return tokens == 1 && !varlen && !v_first && rows_aligned;
 }
 
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).
 void set_recurrent_warps_override(int warps);
 
-// Tests and benchmarks: force the tile (1 = the wide tile of the layout, 2 = the narrow column
-// tile; 0 restores recurrent_narrow's choice).
-void set_recurrent_tile_override(int tile);
+// Tests and benchmarks: 1 = always the staged kernel (recurrent.cuh); 2 or 0 = the one-token
+// kernel wherever recurrent_one_applies.
+void set_recurrent_path_override(int path);
 
 }  // namespace gdr::cuda

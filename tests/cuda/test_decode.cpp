@@ -3,8 +3,9 @@
 // against the float64 CPU reference on the same (rounded) inputs, SPEC Section 7 bounds:
 // fp32 inputs < 1e-5, bf16/fp16 inputs < 5e-3, for o and the state. Outputs are poisoned
 // (NaN) before every call; fresh random inputs every run (the seed is in each message). Every
-// case runs with both tiles of the kernel, the wide one of its layout and the narrow column
-// tile (src/cuda/tuning.h's tile override), whichever the launch rule would pick.
+// case runs with both kernels, the staged one (recurrent.cuh) and, where it applies (one token,
+// k-first state, aligned rows), the one-token kernel (recurrent_one.cuh), through
+// src/cuda/tuning.h's path override.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,33 +34,34 @@ Case decode_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t H
   return c;
 }
 
-// Forces one tile of the recurrent kernel for its lifetime (1 = wide, 2 = narrow).
-class TileScope {
+// Forces one path of the recurrent kernel for its lifetime (1 = staged, 2 = one-token where it
+// applies).
+class PathScope {
  public:
-  explicit TileScope(int tile) { cuda::set_recurrent_tile_override(tile); }
-  ~TileScope() { cuda::set_recurrent_tile_override(0); }
-  TileScope(const TileScope&) = delete;
-  TileScope& operator=(const TileScope&) = delete;
+  explicit PathScope(int path) { cuda::set_recurrent_path_override(path); }
+  ~PathScope() { cuda::set_recurrent_path_override(0); }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
 };
 
-constexpr int kTiles[] = {1, 2};
-const char* tile_name(int tile) {
-  return tile == 2 ? " [narrow tile]" : " [wide tile]";
+constexpr int kPaths[] = {1, 2};
+const char* path_name(int path) {
+  return path == 2 ? " [one-token path]" : " [staged path]";
 }
 
-void check_decode_tile(const Case& c, std::int64_t P, bool indices, int tile);
+void check_decode_path(const Case& c, std::int64_t P, bool indices, int path);
 
-// One decode step on the GPU vs the reference, with each tile; with indices, also checks bit
+// One decode step on the GPU vs the reference, with each path; with indices, also checks bit
 // for bit that pool rows no sequence uses (and the skipped sequence's row) are untouched.
 void check_decode(const Case& c, std::int64_t P = 0, bool indices = false) {
-  for (int tile : kTiles) check_decode_tile(c, P, indices, tile);
+  for (int path : kPaths) check_decode_path(c, P, indices, path);
 }
 
-void check_decode_tile(const Case& c, std::int64_t P, bool indices, int tile) {
-  TileScope scope(tile);
+void check_decode_path(const Case& c, std::int64_t P, bool indices, int path) {
+  PathScope scope(path);
   DecodeData d = make_decode_problem(c, P, indices);
   const std::string label =
-      describe(d.base.c, d.base.seed) + (indices ? " pool" : "") + tile_name(tile);
+      describe(d.base.c, d.base.seed) + (indices ? " pool" : "") + path_name(path);
   const std::vector<unsigned char> before(
       static_cast<const unsigned char*>(d.state.data()),
       static_cast<const unsigned char*>(d.state.data()) + span_bytes(d.state.view()));
@@ -84,10 +86,10 @@ void check_decode_tile(const Case& c, std::int64_t P, bool indices, int tile) {
 }
 
 void check_forward(const Case& c) {
-  for (int tile : kTiles) {
-    TileScope scope(tile);
+  for (int path : kPaths) {
+    PathScope scope(path);
     TestData d = make_problem(c);
-    const std::string label = describe(d.c, d.seed) + tile_name(tile);
+    const std::string label = describe(d.c, d.seed) + path_name(path);
     const ForwardResult ref = run_forward(d, Path::reference);
     const ForwardResult got = run_forward_cuda(d);
     expect_forward_close(got, ref, forward_tolerance(d.c), label);
@@ -114,7 +116,7 @@ TEST(CudaDecode, HeadDims) {
     for (std::int64_t Dv : {64, 128, 256})
       for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
         for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
-          Case c = decode_case(2, 2, 1, 2, 64);
+          Case c = decode_case(2, 1 + (Dk + Dv) % 3, 1, 2, 64);  // T = 1 or 2 (or 3)
           c.Dk = Dk;
           c.Dv = Dv;
           c.layout = layout;
@@ -127,7 +129,7 @@ TEST(CudaDecode, GroupedHeads) {
   REQUIRE_GPU();
   for (auto [Hk, Hv] : {std::pair<int, int>{4, 4}, {2, 8}, {3, 12}, {1, 5}})
     for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
-      Case c = decode_case(2, 3, Hk, Hv, 128);
+      Case c = decode_case(2, Hk % 2 ? 1 : 3, Hk, Hv, 128);
       c.layout = layout;
       check_decode(c);
     }
@@ -137,7 +139,7 @@ TEST(CudaDecode, DtypesAndGateDtypes) {
   REQUIRE_GPU();
   for (DType dtype : {DType::f32, DType::f16, DType::bf16})
     for (bool gates_in_dtype : {false, true}) {
-      Case c = decode_case(2, 4, 2, 4, 128);
+      Case c = decode_case(2, gates_in_dtype ? 1 : 4, 2, 4, 128);
       c.dtype = dtype;
       c.gates_in_dtype = gates_in_dtype;
       c.gate = gates_in_dtype ? GateKind::per_key : GateKind::scalar;
@@ -150,7 +152,7 @@ TEST(CudaDecode, FusedOptions) {
   for (GateKind gate : {GateKind::scalar, GateKind::per_key})
     for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
       for (int opts = 1; opts < 8; ++opts) {
-        Case c = decode_case(2, 3, 2, 4, 128);
+        Case c = decode_case(2, opts % 2 ? 1 : 3, 2, 4, 128);
         c.gate = gate;
         c.layout = layout;
         c.gate_in_kernel = opts & 1;
@@ -165,7 +167,7 @@ TEST(CudaDecode, MaskDecayStrides) {
   REQUIRE_GPU();
   for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme})
     for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
-      Case c = decode_case(4, 8, 2, 4, 128);
+      Case c = decode_case(4, decay == Decay::mild ? 1 : 8, 2, 4, 128);
       c.mask = true;
       c.decay = decay;
       c.layout = layout;
@@ -178,7 +180,7 @@ TEST(CudaDecode, StatePool) {
   REQUIRE_GPU();
   for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
     for (bool i64 : {false, true}) {
-      Case c = decode_case(5, 2, 2, 4, 128);
+      Case c = decode_case(5, i64 ? 1 : 2, 2, 4, 128);
       c.layout = layout;
       c.cu_seqlens_i64 = i64;  // the index dtype
       check_decode(c, 9, true);
@@ -199,13 +201,13 @@ TEST(CudaDecode, LargeBatch) {
 // A pool whose rows are not 16-byte aligned takes the scalar path; results must not change.
 TEST(CudaDecode, MisalignedPool) {
   REQUIRE_GPU();
-  for (int tile : kTiles)
+  for (int path : kPaths)
     for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {
-      TileScope scope(tile);
+      PathScope scope(path);
       Case c = decode_case(2, 2, 1, 2, 64);
       c.layout = layout;
       DecodeData d = make_decode_problem(c);
-      const std::string label = describe(d.base.c, d.base.seed) + " misaligned" + tile_name(tile);
+      const std::string label = describe(d.base.c, d.base.seed) + " misaligned" + path_name(path);
       const ForwardResult ref = decode_reference(d);
       d.base.o.poison();
       DecodeParams host = d.params();

@@ -1,0 +1,213 @@
+// The one-token decode kernel (T = 1, k-first state, 16-byte input rows): the serving step of
+// SPEC Section 2 without the shared-memory staging of recurrent.cuh.
+//
+// Same register tile and math as recurrent_kernel's k-first step (recurrent.cuh: a warp owns CW
+// value columns x all Dk rows, a lane holds M consecutive rows r0 .. r0 + M - 1 of 4 columns):
+//   S'    = a * S                   (scalar gate; per-key: S' = diag(a) S)
+//   u_j   = beta * (v[j] - S'[:, j] . k^)
+//   o[j]  = S'[:, j] . q~ + u_j (k^ . q~)
+//   S[:,j] = S'[:, j] + k^ u_j
+// With a single token every lane can read the inputs it needs straight from global memory:
+// the M-value slices q[r0 ..], k[r0 ..] (and per-key g[r0 ..]) as 16-byte loads, its 4 values
+// of v as one 8- or 16-byte load, and the scalars; the lanes of a row group read the same bytes
+// (one L1 transaction). There is no shared memory, no barrier and no per-block staging loop,
+// whose index arithmetic was most of the instructions of a one-token block (bench/NOTES-gpu.md,
+// v15); the warps of a block are independent.
+#pragma once
+
+#include "cuda/recurrent.cuh"
+
+namespace gdr::cuda::detail {
+
+// M consecutive values of one row (16-byte aligned) as floats: f32 as M / 4 float4 loads,
+// f16 / bf16 as M / 8 16-byte units.
+template <int M>
+__device__ __forceinline__ void load_slice(const char* p, int dtype, float* x) {
+  if (dtype == kF32) {
+#pragma unroll
+    for (int i = 0; i < M / 4; ++i) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(p) + i);
+      x[4 * i] = f.x;
+      x[4 * i + 1] = f.y;
+      x[4 * i + 2] = f.z;
+      x[4 * i + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < M / 8; ++i)
+      unit_to_float(__ldg(reinterpret_cast<const uint4*>(p) + i), dtype, x + 8 * i);
+  }
+}
+
+// Four consecutive values (8- or 16-byte aligned) as floats.
+__device__ __forceinline__ float4 load_four(const char* p, int dtype) {
+  if (dtype == kF32) return __ldg(reinterpret_cast<const float4*>(p));
+  const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+  float x[8];
+  unit_to_float(make_uint4(w.x, w.y, 0u, 0u), dtype, x);
+  return make_float4(x[0], x[1], x[2], x[3]);
+}
+
+template <int DK, bool PERKEY>
+__global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentArgs a) {
+  using Tl = Tile<DK, false>;
+  constexpr int CW = Tl::kCW, M = Tl::kM, CG = Tl::kCG;
+  static_assert(M % 8 == 0, "k and q slices are whole 16-byte units of 16-bit values");
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
+  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  const std::int64_t n = nq;  // batch row (no varlen on this path), token 0
+  const int hk = hv / a.group;
+  const int r0 = (lane / CG) * M;                                    // the lane's first key row
+  const int c4 = split * nwarps * CW + warp * CW + 4 * (lane % CG);  // its first value column
+  const std::int64_t obase = n * a.o_sb + hv * a.o_sh + c4;
+
+  std::int64_t row = n;
+  if (a.state_indices) row = load_index(a.state_indices, n, a.idx_dtype);
+  // Skipped pool row (negative index): o = 0, state untouched; an index >= P writes NaN to o.
+  if (row < 0 || row >= a.P) {
+    if (lane < CG) {
+      const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
+      store4_from_float(a.o, obase, a.in_dtype, a.vec_o, make_float4(fill, fill, fill, fill));
+    }
+    return;
+  }
+
+  // State loads first (the long-latency traffic); vector m = S[r0 + m, c4 .. c4 + 3].
+  float4 s[M];
+  if (a.h_in) {
+    const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + r0 * a.hin_s2 + c4;
+    if (a.vec_in) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4(base + m * a.hin_s2, true);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4(base + m * a.hin_s2, false);
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+
+  // The token's inputs this lane needs.
+  const int es = dtype_bytes(a.in_dtype);
+  float kk[M], qq[M];
+  load_slice<M>(static_cast<const char*>(a.k) + es * (n * a.k_sb + hk * a.k_sh + r0), a.in_dtype,
+                kk);
+  load_slice<M>(static_cast<const char*>(a.q) + es * (n * a.q_sb + hk * a.q_sh + r0), a.in_dtype,
+                qq);
+  const float4 v4 =
+      load_four(static_cast<const char*>(a.v) + es * (n * a.v_sb + hv * a.v_sh + c4), a.in_dtype);
+  const char* gp = static_cast<const char*>(a.g) +
+                   dtype_bytes(a.g_dtype) * (n * a.g_sb + hv * a.g_sh + (PERKEY ? r0 : 0));
+  float be = bytes_as_float(static_cast<const char*>(a.beta) +
+                                dtype_bytes(a.beta_dtype) * (n * a.beta_sb + hv * a.beta_sh),
+                            a.beta_dtype);
+  const bool masked = a.mask && !__ldg(a.mask + n * a.mask_sb);
+  if (a.beta_sigmoid) be = 1.f / (1.f + expf(-be));
+  // a = exp(g); gate in kernel: g = -exp(A_log) softplus(g + dt_bias).
+  const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;
+  const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
+  float dec = 1.f;
+  if constexpr (PERKEY) {
+    float gg[M];
+    load_slice<M>(gp, a.g_dtype, gg);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float x = gg[m];
+      const float d =
+          expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb + r0 + m) : 0.f)) : x);
+      s[m].x *= d;
+      s[m].y *= d;
+      s[m].z *= d;
+      s[m].w *= d;
+    }
+  } else {
+    const float x = bytes_as_float(gp, a.g_dtype);
+    dec = expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb) : 0.f)) : x);
+  }
+  if (masked) {  // state unchanged, o = 0
+    if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, make_float4(0, 0, 0, 0));
+    return;
+  }
+
+  // The Dk-reductions on the raw q, k in one butterfly over the RG row groups: S'.k, S'.q, k.q
+  // and, with the in-kernel L2 norm, ||q||^2 and ||k||^2 (the norms and the scale applied to
+  // the reduced values).
+  auto update = [&](auto l2_tag) {
+    constexpr bool L2 = decltype(l2_tag)::value;
+    float pk[4] = {0.f, 0.f, 0.f, 0.f}, pq[4] = {0.f, 0.f, 0.f, 0.f};
+    float kq = 0.f, nqq = 0.f, nkk = 0.f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      pk[0] += s[m].x * kk[m];
+      pk[1] += s[m].y * kk[m];
+      pk[2] += s[m].z * kk[m];
+      pk[3] += s[m].w * kk[m];
+      pq[0] += s[m].x * qq[m];
+      pq[1] += s[m].y * qq[m];
+      pq[2] += s[m].z * qq[m];
+      pq[3] += s[m].w * qq[m];
+      kq += kk[m] * qq[m];
+      if constexpr (L2) {
+        nqq += qq[m] * qq[m];
+        nkk += kk[m] * kk[m];
+      }
+    }
+#pragma unroll
+    for (int off = CG; off < 32; off <<= 1) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pk[e] += __shfl_xor_sync(0xffffffffu, pk[e], off);
+        pq[e] += __shfl_xor_sync(0xffffffffu, pq[e], off);
+      }
+      kq += __shfl_xor_sync(0xffffffffu, kq, off);
+      if constexpr (L2) {
+        nqq += __shfl_xor_sync(0xffffffffu, nqq, off);
+        nkk += __shfl_xor_sync(0xffffffffu, nkk, off);
+      }
+    }
+    const float rk = L2 ? 1.f / sqrtf(nkk + a.eps) : 1.f;
+    const float fq = a.scale * (L2 ? 1.f / sqrtf(nqq + a.eps) : 1.f);
+    const float kqn = kq * rk * fq;
+    float u[4];  // u = beta (v - S'^T k^)
+    u[0] = be * (v4.x - dec * pk[0] * rk);
+    u[1] = be * (v4.y - dec * pk[1] * rk);
+    u[2] = be * (v4.z - dec * pk[2] * rk);
+    u[3] = be * (v4.w - dec * pk[3] * rk);
+    if (lane < CG)  // o = S'^T q~ + u (k^ . q~)
+      store4_from_float(a.o, obase, a.in_dtype, a.vec_o,
+                        make_float4(dec * pq[0] * fq + u[0] * kqn, dec * pq[1] * fq + u[1] * kqn,
+                                    dec * pq[2] * fq + u[2] * kqn, dec * pq[3] * fq + u[3] * kqn));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) u[e] *= rk;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {  // S = S' + k^ u^T
+      s[m].x = fmaf(dec, s[m].x, kk[m] * u[0]);
+      s[m].y = fmaf(dec, s[m].y, kk[m] * u[1]);
+      s[m].z = fmaf(dec, s[m].z, kk[m] * u[2]);
+      s[m].w = fmaf(dec, s[m].w, kk[m] * u[3]);
+    }
+  };
+  if (a.qk_l2norm)
+    update(std::true_type{});
+  else
+    update(std::false_type{});
+
+  if (a.h_out) {
+    float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1 + r0 * a.hout_s2 + c4;
+    if (a.vec_out) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store4(base + m * a.hout_s2, s[m], true);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store4(base + m * a.hout_s2, s[m], false);
+    }
+  }
+}
+
+}  // namespace gdr::cuda::detail
