@@ -33,6 +33,9 @@ static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);     
 static_assert(recurrent_warps_per_block(32 * 8, 1, 128, 128, false, 132) == 4);   // B = 8
 static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);   // B = 8, T = 8
 static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);  // B = 32, T = 8
+static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);         // B = 8
+static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);        // B = 32
+static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);       // B = 128
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -191,11 +194,15 @@ void check_common(const char* op, const Problem& prob, const TensorView& q, cons
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
+  // The one-token kernel reads each lane's slices of 16-byte aligned rows (recurrent_one.cuh).
+  const bool one = recurrent_one_applies(a.T, a.cu_seqlens != nullptr, v_first, a.vec_tok) &&
+                   g_path_override.load(std::memory_order_relaxed) != 1;
+  const int sms = sm_count(prob.device_index, op);
   int warps = g_warps_override.load(std::memory_order_relaxed);
   const int cw = recurrent_columns_per_warp(prob.Dk, v_first);
   if (warps <= 0 || (prob.Dv / cw) % warps != 0)
-    warps = recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first,
-                                      sm_count(prob.device_index, op));
+    warps = one ? recurrent_one_warps_per_block(heads, prob.Dk, prob.Dv, sms)
+                : recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first, sms);
   const std::int64_t splits = prob.Dv / (static_cast<std::int64_t>(warps) * cw);
   const std::int64_t blocks = heads * splits;
   if (blocks == 0) return;
@@ -203,9 +210,6 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     refuse(op,
            "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
   a.splits = static_cast<int>(splits);
-  // The one-token kernel reads each lane's slices of 16-byte aligned rows (recurrent_one.cuh).
-  const bool one = recurrent_one_applies(a.T, a.cu_seqlens != nullptr, v_first, a.vec_tok) &&
-                   g_path_override.load(std::memory_order_relaxed) != 1;
   const int values_per_unit = 16 / dtype_size(prob.dtype);
   a.vec_tok = a.vec_tok && (warps * cw) % values_per_unit == 0;
   const bool per_key = prob.gate == GateKind::per_key;

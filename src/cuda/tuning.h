@@ -38,6 +38,21 @@ constexpr bool recurrent_one_applies(std::int64_t tokens, bool varlen, bool v_fi
   return tokens == 1 && !varlen && !v_first && rows_aligned;
 }
 
+// Warps per block of the one-token kernel, whose warps share nothing: small blocks spread few
+// warps over more SMs, larger ones cost less to schedule. Measured on the H200 (NOTES-gpu.md,
+// v16, Hv = 32, Dk = Dv = 128, us for 1 / 2 / 4 / 8 warps): B = 1: 3.77 / 4.31 / 4.50 / 5.23,
+// B = 8: 11.27 / 11.95 / 11.89 / 12.01, B = 32: 42.85 / 39.98 / 40.30 / 41.26, B = 128:
+// 169.8 / 149.9 / 147.2 / 147.4, B = 256: 340.2 / 295.7 / 290.0 / 289.8. Rule by the warps of
+// the whole grid: 1 below 32 per SM, 2 below 128 per SM, else 4; never more than Dv / CW.
+constexpr int recurrent_one_warps_per_block(std::int64_t heads, std::int64_t dk, std::int64_t dv,
+                                            int sm_count) {
+  const std::int64_t warps_per_head = dv / recurrent_columns_per_warp(dk, false);
+  const std::int64_t grid_warps = heads * warps_per_head, sms = sm_count;
+  std::int64_t w = grid_warps < 32 * sms ? 1 : (grid_warps < 128 * sms ? 2 : 4);
+  if (w > warps_per_head) w = warps_per_head;
+  return static_cast<int>(w);
+}
+
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).
 void set_recurrent_warps_override(int warps);
 
