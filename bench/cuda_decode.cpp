@@ -223,6 +223,37 @@ float median(std::vector<float> x) {
   return x[x.size() / 2];
 }
 
+// Captures `record(st)` (NS operations, one per set) into a CUDA graph and returns the median
+// time per operation (us) over `opt.reps` replays after `opt.warmup`, each timed with events.
+template <typename Record>
+double time_replays(std::size_t ns, cudaStream_t st, const Options& opt, Record record) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+  record(st);
+  check(cudaStreamEndCapture(st, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  for (int i = 0; i < opt.warmup; ++i) check(cudaGraphLaunch(exec, st), "replay");
+  std::vector<float> ms;
+  for (int i = 0; i < opt.reps; ++i) {
+    check(cudaEventRecord(e0, st), "record");
+    check(cudaGraphLaunch(exec, st), "replay");
+    check(cudaEventRecord(e1, st), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return 1e3 * median(ms) / static_cast<double>(ns);
+}
+
 // Median time per decode call (us) over graph replays of NS calls, one per set.
 double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
                   const Options& opt) {
@@ -230,31 +261,9 @@ double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
   cfg.stream = st;
   gdr::decode(decode_params(s, sets[0]), cfg);  // first call outside the capture (lazy setup)
   check(cudaStreamSynchronize(st), "warm");
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
-  for (const DeviceSet& d : sets) gdr::decode(decode_params(s, d), cfg);
-  check(cudaStreamEndCapture(st, &graph), "end capture");
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "event");
-  check(cudaEventCreate(&e1), "event");
-  for (int i = 0; i < opt.warmup; ++i) check(cudaGraphLaunch(exec, st), "replay");
-  std::vector<float> ms;
-  for (int i = 0; i < opt.reps; ++i) {
-    check(cudaEventRecord(e0, st), "record");
-    check(cudaGraphLaunch(exec, st), "replay");
-    check(cudaEventRecord(e1, st), "record");
-    check(cudaEventSynchronize(e1), "sync");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return 1e3 * median(ms) / static_cast<double>(sets.size());
+  return time_replays(sets.size(), st, opt, [&](cudaStream_t) {
+    for (const DeviceSet& d : sets) gdr::decode(decode_params(s, d), cfg);
+  });
 }
 
 // Median time per state-sized copy (us) over graph replays of NS copies, set i's state into
@@ -262,34 +271,12 @@ double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
 double time_copy_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
                        const Options& opt) {
   const std::size_t bytes = static_cast<std::size_t>(s.state_floats()) * 4;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
-  for (std::size_t i = 0; i < sets.size(); ++i)
-    check(cudaMemcpyAsync(sets[(i + 1) % sets.size()].state, sets[i].state, bytes,
-                          cudaMemcpyDeviceToDevice, st),
-          "copy");
-  check(cudaStreamEndCapture(st, &graph), "end capture");
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "event");
-  check(cudaEventCreate(&e1), "event");
-  for (int i = 0; i < opt.warmup; ++i) check(cudaGraphLaunch(exec, st), "replay");
-  std::vector<float> ms;
-  for (int i = 0; i < opt.reps; ++i) {
-    check(cudaEventRecord(e0, st), "record");
-    check(cudaGraphLaunch(exec, st), "replay");
-    check(cudaEventRecord(e1, st), "record");
-    check(cudaEventSynchronize(e1), "sync");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return 1e3 * median(ms) / static_cast<double>(sets.size());
+  return time_replays(sets.size(), st, opt, [&](cudaStream_t stream) {
+    for (std::size_t i = 0; i < sets.size(); ++i)
+      check(cudaMemcpyAsync(sets[(i + 1) % sets.size()].state, sets[i].state, bytes,
+                            cudaMemcpyDeviceToDevice, stream),
+            "copy");
+  });
 }
 
 // Device-to-device copy bandwidth (bytes read + written per second), median of 20.

@@ -135,63 +135,20 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
     return;
   }
 
-  // The Dk-reductions on the raw q, k in one butterfly over the RG row groups: S'.k, S'.q, k.q
-  // and, with the in-kernel L2 norm, ||q||^2 and ||k||^2 (the norms and the scale applied to
-  // the reduced values).
   auto update = [&](auto l2_tag) {
-    constexpr bool L2 = decltype(l2_tag)::value;
-    float pk[4] = {0.f, 0.f, 0.f, 0.f}, pq[4] = {0.f, 0.f, 0.f, 0.f};
-    float kq = 0.f, nqq = 0.f, nkk = 0.f;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      pk[0] += s[m].x * kk[m];
-      pk[1] += s[m].y * kk[m];
-      pk[2] += s[m].z * kk[m];
-      pk[3] += s[m].w * kk[m];
-      pq[0] += s[m].x * qq[m];
-      pq[1] += s[m].y * qq[m];
-      pq[2] += s[m].z * qq[m];
-      pq[3] += s[m].w * qq[m];
-      kq += kk[m] * qq[m];
-      if constexpr (L2) {
-        nqq += qq[m] * qq[m];
-        nkk += kk[m] * kk[m];
-      }
-    }
-#pragma unroll
-    for (int off = CG; off < 32; off <<= 1) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pk[e] += __shfl_xor_sync(0xffffffffu, pk[e], off);
-        pq[e] += __shfl_xor_sync(0xffffffffu, pq[e], off);
-      }
-      kq += __shfl_xor_sync(0xffffffffu, kq, off);
-      if constexpr (L2) {
-        nqq += __shfl_xor_sync(0xffffffffu, nqq, off);
-        nkk += __shfl_xor_sync(0xffffffffu, nkk, off);
-      }
-    }
-    const float rk = L2 ? 1.f / sqrtf(nkk + a.eps) : 1.f;
-    const float fq = a.scale * (L2 ? 1.f / sqrtf(nqq + a.eps) : 1.f);
-    const float kqn = kq * rk * fq;
-    float u[4];  // u = beta (v - S'^T k^)
-    u[0] = be * (v4.x - dec * pk[0] * rk);
-    u[1] = be * (v4.y - dec * pk[1] * rk);
-    u[2] = be * (v4.z - dec * pk[2] * rk);
-    u[3] = be * (v4.w - dec * pk[3] * rk);
-    if (lane < CG)  // o = S'^T q~ + u (k^ . q~)
-      store4_from_float(a.o, obase, a.in_dtype, a.vec_o,
-                        make_float4(dec * pq[0] * fq + u[0] * kqn, dec * pq[1] * fq + u[1] * kqn,
-                                    dec * pq[2] * fq + u[2] * kqn, dec * pq[3] * fq + u[3] * kqn));
-#pragma unroll
-    for (int e = 0; e < 4; ++e) u[e] *= rk;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {  // S = S' + k^ u^T
-      s[m].x = fmaf(dec, s[m].x, kk[m] * u[0]);
-      s[m].y = fmaf(dec, s[m].y, kk[m] * u[1]);
-      s[m].z = fmaf(dec, s[m].z, kk[m] * u[2]);
-      s[m].w = fmaf(dec, s[m].w, kk[m] * u[3]);
-    }
+    kfirst_token<M, CG, decltype(l2_tag)::value>(
+        s,
+        [&](int m4) {
+          return make_float4(kk[4 * m4], kk[4 * m4 + 1], kk[4 * m4 + 2], kk[4 * m4 + 3]);
+        },
+        [&](int m4) {
+          return make_float4(qq[4 * m4], qq[4 * m4 + 1], qq[4 * m4 + 2], qq[4 * m4 + 3]);
+        },
+        [&] { return v4; },
+        [&](float4 out) {
+          if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, out);
+        },
+        be, dec, a.scale, a.eps);
   };
   if (a.qk_l2norm)
     update(std::true_type{});

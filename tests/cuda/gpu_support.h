@@ -97,13 +97,8 @@ inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr
   return r;
 }
 
-// Runs gdr::decode on device copies (o poisoned first); returns o and the whole pool after,
-// like run_decode. The pool's raw bytes after the step go to `pool_bytes` when given.
-inline ForwardResult run_decode_cuda(DecodeData& d, cudaStream_t stream = nullptr,
-                                     std::vector<unsigned char>* pool_bytes = nullptr) {
-  d.base.o.poison();
-  DecodeParams host = d.params();
-  DeviceMirror m;
+// The decode call `host` with every tensor (the pool and o included) copied to the device.
+inline DecodeParams mirror_decode_params(DeviceMirror& m, const DecodeParams& host) {
   DecodeParams p = host;
   p.q = m.to_device(host.q);
   p.k = m.to_device(host.k);
@@ -116,6 +111,17 @@ inline ForwardResult run_decode_cuda(DecodeData& d, cudaStream_t stream = nullpt
   p.state = m.to_device(host.state);
   p.state_indices = m.to_device(host.state_indices);
   p.o = m.to_device(host.o);
+  return p;
+}
+
+// Runs gdr::decode on device copies (o poisoned first); returns o and the whole pool after,
+// like run_decode. The pool's raw bytes after the step go to `pool_bytes` when given.
+inline ForwardResult run_decode_cuda(DecodeData& d, cudaStream_t stream = nullptr,
+                                     std::vector<unsigned char>* pool_bytes = nullptr) {
+  d.base.o.poison();
+  DecodeParams host = d.params();
+  DeviceMirror m;
+  DecodeParams p = mirror_decode_params(m, host);
   ExecConfig cfg;
   cfg.stream = stream;
   decode(p, cfg);

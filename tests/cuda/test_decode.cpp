@@ -213,13 +213,7 @@ TEST(CudaDecode, MisalignedPool) {
       d.base.o.poison();
       DecodeParams host = d.params();
       DeviceMirror m;
-      DecodeParams p = host;
-      p.q = m.to_device(host.q);
-      p.k = m.to_device(host.k);
-      p.v = m.to_device(host.v);
-      p.g = m.to_device(host.g);
-      p.beta = m.to_device(host.beta);
-      p.o = m.to_device(host.o);
+      DecodeParams p = mirror_decode_params(m, host);  // then the pool moved off alignment
       const std::size_t bytes = span_bytes(host.state);
       float* raw = nullptr;
       cuda_check(cudaMalloc(&raw, bytes + 16), "cudaMalloc");
@@ -249,14 +243,7 @@ TEST(CudaDecode, GraphReplayOnStream) {
   d.base.o.poison();
   DecodeParams host = d.params();
   DeviceMirror m;
-  DecodeParams p = host;
-  p.q = m.to_device(host.q);
-  p.k = m.to_device(host.k);
-  p.v = m.to_device(host.v);
-  p.g = m.to_device(host.g);
-  p.beta = m.to_device(host.beta);
-  p.state = m.to_device(host.state);
-  p.o = m.to_device(host.o);
+  DecodeParams p = mirror_decode_params(m, host);
   cudaStream_t stream;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   ExecConfig cfg;
