@@ -93,67 +93,70 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
     for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 
-  // The token's inputs this lane needs.
-  const int es = dtype_bytes(a.in_dtype);
-  float kk[M], qq[M];
-  load_slice<M>(static_cast<const char*>(a.k) + es * (n * a.k_sb + hk * a.k_sh + r0), a.in_dtype,
-                kk);
-  load_slice<M>(static_cast<const char*>(a.q) + es * (n * a.q_sb + hk * a.q_sh + r0), a.in_dtype,
-                qq);
-  const float4 v4 =
-      load_four(static_cast<const char*>(a.v) + es * (n * a.v_sb + hv * a.v_sh + c4), a.in_dtype);
-  const char* gp = static_cast<const char*>(a.g) +
-                   dtype_bytes(a.g_dtype) * (n * a.g_sb + hv * a.g_sh + (PERKEY ? r0 : 0));
-  float be = bytes_as_float(static_cast<const char*>(a.beta) +
-                                dtype_bytes(a.beta_dtype) * (n * a.beta_sb + hv * a.beta_sh),
-                            a.beta_dtype);
+  // A masked token: o = 0 and the state unchanged (stored again only where the output state is
+  // another tensor, as in gdr::forward's final_state; in place there is nothing to write).
   const bool masked = a.mask && !__ldg(a.mask + n * a.mask_sb);
-  if (a.beta_sigmoid) be = 1.f / (1.f + expf(-be));
-  // a = exp(g); gate in kernel: g = -exp(A_log) softplus(g + dt_bias).
-  const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;
-  const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
-  float dec = 1.f;
-  if constexpr (PERKEY) {
-    float gg[M];
-    load_slice<M>(gp, a.g_dtype, gg);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float x = gg[m];
-      const float d =
-          expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb + r0 + m) : 0.f)) : x);
-      s[m].x *= d;
-      s[m].y *= d;
-      s[m].z *= d;
-      s[m].w *= d;
-    }
-  } else {
-    const float x = bytes_as_float(gp, a.g_dtype);
-    dec = expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb) : 0.f)) : x);
-  }
-  if (masked) {  // state unchanged, o = 0
+  if (masked) {
     if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, make_float4(0, 0, 0, 0));
-    return;
-  }
+    if (a.h_out == a.h_in) return;
+  } else {
+    // The token's inputs this lane needs.
+    const int es = dtype_bytes(a.in_dtype);
+    float kk[M], qq[M];
+    load_slice<M>(static_cast<const char*>(a.k) + es * (n * a.k_sb + hk * a.k_sh + r0), a.in_dtype,
+                  kk);
+    load_slice<M>(static_cast<const char*>(a.q) + es * (n * a.q_sb + hk * a.q_sh + r0), a.in_dtype,
+                  qq);
+    const float4 v4 =
+        load_four(static_cast<const char*>(a.v) + es * (n * a.v_sb + hv * a.v_sh + c4), a.in_dtype);
+    const char* gp = static_cast<const char*>(a.g) +
+                     dtype_bytes(a.g_dtype) * (n * a.g_sb + hv * a.g_sh + (PERKEY ? r0 : 0));
+    float be = bytes_as_float(static_cast<const char*>(a.beta) +
+                                  dtype_bytes(a.beta_dtype) * (n * a.beta_sb + hv * a.beta_sh),
+                              a.beta_dtype);
+    if (a.beta_sigmoid) be = 1.f / (1.f + expf(-be));
+    // a = exp(g); gate in kernel: g = -exp(A_log) softplus(g + dt_bias).
+    const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;
+    const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
+    float dec = 1.f;
+    if constexpr (PERKEY) {
+      float gg[M];
+      load_slice<M>(gp, a.g_dtype, gg);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float x = gg[m];
+        const float d =
+            expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb + r0 + m) : 0.f)) : x);
+        s[m].x *= d;
+        s[m].y *= d;
+        s[m].z *= d;
+        s[m].w *= d;
+      }
+    } else {
+      const float x = bytes_as_float(gp, a.g_dtype);
+      dec = expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb) : 0.f)) : x);
+    }
 
-  auto update = [&](auto l2_tag) {
-    kfirst_token<M, CG, decltype(l2_tag)::value>(
-        s,
-        [&](int m4) {
-          return make_float4(kk[4 * m4], kk[4 * m4 + 1], kk[4 * m4 + 2], kk[4 * m4 + 3]);
-        },
-        [&](int m4) {
-          return make_float4(qq[4 * m4], qq[4 * m4 + 1], qq[4 * m4 + 2], qq[4 * m4 + 3]);
-        },
-        [&] { return v4; },
-        [&](float4 out) {
-          if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, out);
-        },
-        be, dec, a.scale, a.eps);
-  };
-  if (a.qk_l2norm)
-    update(std::true_type{});
-  else
-    update(std::false_type{});
+    auto update = [&](auto l2_tag) {
+      kfirst_token<M, CG, decltype(l2_tag)::value>(
+          s,
+          [&](int m4) {
+            return make_float4(kk[4 * m4], kk[4 * m4 + 1], kk[4 * m4 + 2], kk[4 * m4 + 3]);
+          },
+          [&](int m4) {
+            return make_float4(qq[4 * m4], qq[4 * m4 + 1], qq[4 * m4 + 2], qq[4 * m4 + 3]);
+          },
+          [&] { return v4; },
+          [&](float4 out) {
+            if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, out);
+          },
+          be, dec, a.scale, a.eps);
+    };
+    if (a.qk_l2norm)
+      update(std::true_type{});
+    else
+      update(std::false_type{});
+  }
 
   if (a.h_out) {
     float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1 + r0 * a.hout_s2 + c4;

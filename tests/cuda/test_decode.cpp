@@ -302,6 +302,26 @@ TEST(CudaRecurrentForward, LengthsGatesLayouts) {
     }
 }
 
+// One token on a k-first state (the one-token kernel) with masked sequences: the final state of
+// a masked sequence is h0 itself, written to final_state (a tensor other than h0).
+TEST(CudaRecurrentForward, OneTokenMaskedFinalState) {
+  REQUIRE_GPU();
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c;
+    c.B = 16;  // ~25 % of tokens masked: some sequence is masked in all but ~1 % of draws
+    c.T = 1;
+    c.Hk = 1;
+    c.Hv = 2;
+    c.Dk = c.Dv = 128;
+    c.gate = gate;
+    c.layout = StateLayout::k_first;
+    c.mask = true;
+    c.h0 = true;
+    c.final_state = true;
+    check_forward(c);
+  }
+}
+
 TEST(CudaRecurrentForward, VarlenMaskGqaDtypes) {
   REQUIRE_GPU();
   for (DType dtype : {DType::f32, DType::bf16, DType::f16})
