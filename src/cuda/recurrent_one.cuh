@@ -12,7 +12,8 @@
 // of v as one 8- or 16-byte load, and the scalars; the lanes of a row group read the same bytes
 // (one L1 transaction). There is no shared memory, no barrier and no per-block staging loop,
 // whose index arithmetic was most of the instructions of a one-token block (bench/NOTES-gpu.md,
-// v15); the warps of a block are independent.
+// v15, v16); the warps of a block are independent. From the second token on, the staging pays
+// for itself (v18), so T > 1 stays with recurrent_kernel.
 #pragma once
 
 #include "cuda/recurrent.cuh"
