@@ -265,6 +265,7 @@ void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config
   a.hin_s1 = a.hout_s1 = p.state.stride[1];
   a.hin_s2 = a.hout_s2 = p.state.stride[2];
   a.vec_in = a.vec_out = vectorizable(p.state);
+  a.in_place = true;
   if (p.state_indices.defined()) {
     a.state_indices = p.state_indices.data;
     a.idx_dtype = static_cast<int>(p.state_indices.dtype);

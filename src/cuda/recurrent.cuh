@@ -82,7 +82,8 @@ struct RecurrentArgs {
   // q, k, v (and a per-key g) rows start on 16-byte boundaries with strides to match: the
   // staging then moves 16-byte units (8 bf16/f16 or 4 f32 values) instead of elements.
   bool vec_tok;
-  bool vec_o;  // o rows start on 16-byte boundaries with strides to match
+  bool vec_o;     // o rows start on 16-byte boundaries with strides to match
+  bool in_place;  // h_out is h_in (decode): a state left unchanged need not be stored
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the

@@ -95,11 +95,11 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   }
 
   // A masked token: o = 0 and the state unchanged (stored again only where the output state is
-  // another tensor, as in gdr::forward's final_state; in place there is nothing to write).
+  // another tensor, as gdr::forward's final_state; decode in place has nothing to write).
   const bool masked = a.mask && !__ldg(a.mask + n * a.mask_sb);
   if (masked) {
     if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, make_float4(0, 0, 0, 0));
-    if (a.h_out == a.h_in) return;
+    if (a.in_place) return;
   } else {
     // The token's inputs this lane needs.
     const int es = dtype_bytes(a.in_dtype);
