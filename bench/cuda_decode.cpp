@@ -45,6 +45,7 @@ struct Options {
   std::vector<std::int64_t> tokens{1, 8};
   std::int64_t Hk = 16, Hv = 32, Dk = 128, Dv = 128;
   std::string dtype = "bf16";
+  std::string layout = "k_first";  // state layout: k_first ([.., Dk, Dv]) or v_first
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
@@ -57,6 +58,10 @@ struct Options {
 struct Shape {
   std::int64_t B, T, Hk, Hv, Dk, Dv;
   DType dtype;
+  bool v_first = false;  // state layout [.., Dv, Dk] instead of [.., Dk, Dv]
+  gdr::StateLayout layout() const {
+    return v_first ? gdr::StateLayout::v_first : gdr::StateLayout::k_first;
+  }
   std::int64_t state_floats() const { return B * Hv * Dk * Dv; }
   // Minimal bytes one call moves (PERF.md).
   double bytes() const {
@@ -113,8 +118,10 @@ gdr::DecodeParams decode_params(const Shape& s, const DeviceSet& d) {
   p.v = view(d.v, s.dtype, {s.B, s.T, s.Hv, s.Dv});
   p.g = view(d.g, DType::f32, {s.B, s.T, s.Hv});
   p.beta = view(d.beta, DType::f32, {s.B, s.T, s.Hv});
-  p.state = view(d.state, DType::f32, {s.B, s.Hv, s.Dk, s.Dv});
+  p.state = s.v_first ? view(d.state, DType::f32, {s.B, s.Hv, s.Dv, s.Dk})
+                      : view(d.state, DType::f32, {s.B, s.Hv, s.Dk, s.Dv});
   p.o = view(d.o, s.dtype, {s.B, s.T, s.Hv, s.Dv});
+  p.opts.state_layout = s.layout();
   return p;
 }
 
@@ -156,7 +163,7 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& r) {
 std::pair<double, double> check_against_reference(const Shape& s, const DeviceSet& d,
                                                   cudaStream_t st, const std::string& dump_dir) {
   const std::int64_t Bc = std::min<std::int64_t>(s.B, 4);
-  const Shape c{Bc, s.T, s.Hk, s.Hv, s.Dk, s.Dv, s.dtype};
+  const Shape c{Bc, s.T, s.Hk, s.Hv, s.Dk, s.Dv, s.dtype, s.v_first};
   const std::int64_t nq = c.B * c.T * c.Hk * c.Dk, nv = c.B * c.T * c.Hv * c.Dv,
                      ng = c.B * c.T * c.Hv;
   check(cudaStreamSynchronize(st), "sync");
@@ -180,9 +187,11 @@ std::pair<double, double> check_against_reference(const Shape& s, const DeviceSe
   fp.in.v = view(v.data(), s.dtype, {c.B, c.T, c.Hv, c.Dv}, false);
   fp.in.g = view(g.data(), DType::f32, {c.B, c.T, c.Hv}, false);
   fp.in.beta = view(beta.data(), DType::f32, {c.B, c.T, c.Hv}, false);
-  fp.in.h0 = view(h0.data(), DType::f32, {c.B, c.Hv, c.Dk, c.Dv}, false);
+  const std::int64_t d2 = c.v_first ? c.Dv : c.Dk, d3 = c.v_first ? c.Dk : c.Dv;
+  fp.in.h0 = view(h0.data(), DType::f32, {c.B, c.Hv, d2, d3}, false);
   fp.o = view(o_ref.data(), s.dtype, {c.B, c.T, c.Hv, c.Dv}, false);
-  fp.final_state = view(h_ref.data(), DType::f32, {c.B, c.Hv, c.Dk, c.Dv}, false);
+  fp.final_state = view(h_ref.data(), DType::f32, {c.B, c.Hv, d2, d3}, false);
+  fp.opts.state_layout = c.layout();
   gdr::ExecConfig ref_cfg;
   ref_cfg.path = gdr::Path::reference;
   gdr::forward(fp, ref_cfg);
@@ -192,7 +201,7 @@ std::pair<double, double> check_against_reference(const Shape& s, const DeviceSe
     og[i] = to_double(o_raw, i, s.dtype);
     orf[i] = to_double(o_ref, i, s.dtype);
   }
-  if (!dump_dir.empty()) {
+  if (!dump_dir.empty() && !c.v_first) {
     // Raw little-endian arrays for bench/peers/fla_decode.py's sanity check against FLA.
     auto dump = [&](const char* name, const void* p, std::size_t bytes) {
       std::ofstream f(dump_dir + "/" + name, std::ios::binary);
@@ -318,6 +327,8 @@ int main(int argc, char** argv) {
   app.add_option("--dk", opt.Dk);
   app.add_option("--dv", opt.Dv);
   app.add_option("--dtype", opt.dtype, "bf16 | f16 (q, k, v, o)");
+  app.add_option("--layout", opt.layout, "state layout: k_first | v_first")
+      ->check(CLI::IsMember({"k_first", "v_first"}));
   app.add_option("--reps", opt.reps, "timed graph replays (median)");
   app.add_option("--warmup", opt.warmup);
   app.add_option("--seed", opt.seed);
@@ -348,7 +359,7 @@ int main(int argc, char** argv) {
     json rows = json::array();
     for (std::int64_t T : opt.tokens) {
       for (std::int64_t B : opt.batches) {
-        const Shape s{B, T, opt.Hk, opt.Hv, opt.Dk, opt.Dv, dtype};
+        const Shape s{B, T, opt.Hk, opt.Hv, opt.Dk, opt.Dv, dtype, opt.layout == "v_first"};
         const double set_bytes = s.bytes();
         // Enough sets to cover 3 x L2 (180 MB), at most 64, within a quarter of free memory.
         int ns = static_cast<int>(std::ceil(180e6 / set_bytes));
@@ -398,7 +409,7 @@ int main(int argc, char** argv) {
                         {"Dk", opt.Dk},
                         {"Dv", opt.Dv},
                         {"dtype", opt.dtype},
-                        {"state", "float32 k_first"},
+                        {"state", "float32 " + opt.layout},
                         {"gdr_us", us},
                         {"bytes", s.bytes()},
                         {"gbps", gbps},
