@@ -86,19 +86,15 @@ struct RecurrentArgs {
   bool in_place;  // h_out is h_in (decode): a state left unchanged need not be stored
 };
 
-__device__ __forceinline__ int dtype_bytes(int dtype) {
-  return dtype == kF32 ? 4 : 2;
-}
-
-// One value of `dtype` at byte address p as a float. Read-only (non-coherent, global space)
-// load: lets the compiler batch loads ahead of the shared-memory stores of the staging code.
-__device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
+// Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
+// shared-memory stores of the staging code.
+__device__ __forceinline__ float ldg_as_float(const void* p, std::int64_t i, int dtype) {
   if (dtype == kBF16) {
-    const std::uint32_t bits = __ldg(reinterpret_cast<const unsigned short*>(p));
+    const std::uint32_t bits = __ldg(static_cast<const unsigned short*>(p) + i);
     return __uint_as_float(bits << 16);
   }
-  if (dtype == kF16) return __half2float(__ldg(reinterpret_cast<const __half*>(p)));
-  return __ldg(reinterpret_cast<const float*>(p));
+  if (dtype == kF16) return __half2float(__ldg(static_cast<const __half*>(p) + i));
+  return __ldg(static_cast<const float*>(p) + i);
 }
 
 __device__ __forceinline__ void store_from_float(void* p, std::int64_t i, int dtype, float x) {
@@ -226,6 +222,19 @@ __device__ __forceinline__ TokenRows token_rows(const void* base, int es, std::i
   return {static_cast<const char*>(base) + es * off, es * st};
 }
 
+__device__ __forceinline__ int dtype_bytes(int dtype) {
+  return dtype == kF32 ? 4 : 2;
+}
+
+__device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
+  if (dtype == kBF16) {
+    const std::uint32_t bits = __ldg(reinterpret_cast<const unsigned short*>(p));
+    return __uint_as_float(bits << 16);
+  }
+  if (dtype == kF16) return __half2float(__ldg(reinterpret_cast<const __half*>(p)));
+  return __ldg(reinterpret_cast<const float*>(p));
+}
+
 // Per-token scalars: [scalar g: cnt (scalar gate only)][beta: cnt][mask: cnt]; loaded into
 // `x` (at most 2 per thread: 3 * 16 <= 2 * 32), stored by store_scalars after the other loads.
 // `tb` is the chunk's first token relative to the block's first token.
@@ -328,31 +337,33 @@ __device__ __forceinline__ void stage_units(const RecurrentArgs& a, const BlockR
   store_scalars<PERKEY>(a, cnt, A, dtb, xs, gs, bs, ms);
 }
 
-// General strides: element by element (read-only loads, unrolled so several are in flight);
-// rows as in stage_units, the last dim contiguous.
+// General strides: element by element (read-only loads, unrolled so several are in flight).
 template <int DK, bool PERKEY>
-__device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const BlockRows& r, int cnt,
-                                               std::int64_t tb, int cb, float A, const float* dtb,
-                                               float* qs, float* ks, float* vs, float* gs,
-                                               float* bs, float* ms) {
-  const int es = dtype_bytes(a.in_dtype), esg = dtype_bytes(a.g_dtype);
+__device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const BlockRows& r,
+                                               std::int64_t t0, int cnt, std::int64_t b,
+                                               std::int64_t tok0, int hv, int hk, int col0, int cb,
+                                               float A, const float* dtb, float* qs, float* ks,
+                                               float* vs, float* gs, float* bs, float* ms) {
   float xs[2];
-  load_scalars<PERKEY>(a, r, cnt, tb, xs);
+  load_scalars<PERKEY>(a, r, cnt, tok0 - t0, xs);
 #pragma unroll 4
   for (int e = threadIdx.x; e < cnt * DK; e += blockDim.x) {
-    const std::int64_t tok = tb + e / DK;
+    const std::int64_t tok = tok0 + e / DK;
     const int i = e % DK;
-    qs[e] = bytes_as_float(r.q.at(tok) + es * i, a.in_dtype);
-    ks[e] = bytes_as_float(r.k.at(tok) + es * i, a.in_dtype);
+    qs[e] = ldg_as_float(a.q, b * a.q_sb + tok * a.q_st + hk * a.q_sh + i, a.in_dtype);
+    ks[e] = ldg_as_float(a.k, b * a.k_sb + tok * a.k_st + hk * a.k_sh + i, a.in_dtype);
   }
 #pragma unroll 4
-  for (int e = threadIdx.x; e < cnt * cb; e += blockDim.x)
-    vs[e] = bytes_as_float(r.v.at(tb + e / cb) + es * (e % cb), a.in_dtype);
+  for (int e = threadIdx.x; e < cnt * cb; e += blockDim.x) {
+    const std::int64_t tok = tok0 + e / cb;
+    vs[e] = ldg_as_float(a.v, b * a.v_sb + tok * a.v_st + hv * a.v_sh + col0 + e % cb, a.in_dtype);
+  }
   if constexpr (PERKEY) {
 #pragma unroll 4
     for (int e = threadIdx.x; e < cnt * DK; e += blockDim.x) {
+      const std::int64_t tok = tok0 + e / DK;
       const int i = e % DK;
-      const float g = bytes_as_float(r.g.at(tb + e / DK) + esg * i, a.g_dtype);
+      const float g = ldg_as_float(a.g, b * a.g_sb + tok * a.g_st + hv * a.g_sh + i, a.g_dtype);
       gs[e] = expf(a.gate_in_kernel ? A * softplus(g + (dtb ? __ldg(dtb + i) : 0.f)) : g);
     }
   }
@@ -435,48 +446,6 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M], K4 k4, Q4 q4, V4 v4
   }
 }
 
-// The block's (sequence, value head, column split): blockIdx.x = (n * Hv + hv) * splits +
-// split; the grid is < 2^31 blocks (host), so 32-bit divisions suffice.
-struct BlockCoords {
-  std::int64_t n;
-  int hv, split;
-};
-__device__ __forceinline__ BlockCoords block_coords(const RecurrentArgs& a) {
-  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
-  const unsigned n = rest / static_cast<unsigned>(a.Hv);
-  return {n, static_cast<int>(rest - n * static_cast<unsigned>(a.Hv)),
-          static_cast<int>(bid - rest * static_cast<unsigned>(a.splits))};
-}
-
-// The lane's M state vectors at base + offset(m): one uniform branch between 16-byte and
-// scalar accesses (none predicated off); zeros without a state (base null).
-template <int M, typename Offset>
-__device__ __forceinline__ void load_state(float4 (&s)[M], const float* base, Offset offset,
-                                           bool vec) {
-  if (!base) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
-  } else if (vec) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m), true);
-  } else {
-#pragma unroll
-    for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m), false);
-  }
-}
-
-template <int M, typename Offset>
-__device__ __forceinline__ void store_state(const float4 (&s)[M], float* base, Offset offset,
-                                            bool vec) {
-  if (vec) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) store4(base + offset(m), s[m], true);
-  } else {
-#pragma unroll
-    for (int m = 0; m < M; ++m) store4(base + offset(m), s[m], false);
-  }
-}
-
 // Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
 template <int DK, bool VFIRST, bool PERKEY>
 __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a) {
@@ -488,7 +457,12 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int cb = nwarps * CW;
-  const auto [n, hv, split] = block_coords(a);
+  // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
+  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  const std::int64_t n = nq;
   const int hk = hv / a.group;
   const int col0 = split * cb;        // first value column of the block
   const int colw = col0 + warp * CW;  // first value column of the warp
@@ -526,9 +500,19 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 
   // State loads first: they are the long-latency traffic and overlap the staging below.
   float4 s[M];
-  load_state(
-      s, a.h_in ? a.h_in + row * a.hin_s0 + hv * a.hin_s1 : nullptr,
-      [&](int m) { return offset(m, a.hin_s2); }, a.vec_in);
+  if (a.h_in) {
+    const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1;
+    if (a.vec_in) {  // one uniform branch: 16-byte loads, none predicated off
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m, a.hin_s2), true);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4(base + offset(m, a.hin_s2), false);
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 
   const int tc = a.tc;
   // Every array read as float4 starts at a multiple of 4 floats (Dk and cb are).
@@ -560,7 +544,8 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
     if (a.vec_tok) {
       stage_units<DK, PERKEY>(a, rows, cnt, tb, cb, A, dtb, qs, ks, vs, gs, bs, ms);
     } else {
-      stage_elements<DK, PERKEY>(a, rows, cnt, tb, cb, A, dtb, qs, ks, vs, gs, bs, ms);
+      stage_elements<DK, PERKEY>(a, rows, t0, cnt, b, t0 + tb, hv, hk, col0, cb, A, dtb, qs, ks, vs,
+                                 gs, bs, ms);
     }
     __syncthreads();
     // Bit t: token t of the chunk steps (1) or is masked (0); tc <= 16 < 32 lanes.
@@ -669,9 +654,11 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
         if constexpr (VFIRST) {
           if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
         } else {
-          if (lane < CG)
-            store4_from_float(a.o, obase + colw + 4 * lane, a.in_dtype, a.vec_o,
-                              make_float4(0.f, 0.f, 0.f, 0.f));
+          if (lane < CG) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
+          }
         }
         continue;
       }
@@ -682,10 +669,16 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
     }
   }
 
-  if (a.h_out)
-    store_state(
-        s, a.h_out + row * a.hout_s0 + hv * a.hout_s1, [&](int m) { return offset(m, a.hout_s2); },
-        a.vec_out);
+  if (a.h_out) {
+    float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1;
+    if (a.vec_out) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store4(base + offset(m, a.hout_s2), s[m], true);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store4(base + offset(m, a.hout_s2), s[m], false);
+    }
+  }
 }
 
 }  // namespace gdr::cuda::detail

@@ -56,7 +56,12 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   static_assert(M % 8 == 0, "k and q slices are whole 16-byte units of 16-bit values");
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const auto [n, hv, split] = block_coords(a);  // n: batch row (no varlen here), token 0
+  // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
+  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  const std::int64_t n = nq;  // batch row (no varlen on this path), token 0
   const int hk = hv / a.group;
   const int r0 = (lane / CG) * M;                                    // the lane's first key row
   const int c4 = split * nwarps * CW + warp * CW + 4 * (lane % CG);  // its first value column
@@ -75,9 +80,19 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
 
   // State loads first (the long-latency traffic); vector m = S[r0 + m, c4 .. c4 + 3].
   float4 s[M];
-  load_state(
-      s, a.h_in ? a.h_in + row * a.hin_s0 + hv * a.hin_s1 + r0 * a.hin_s2 + c4 : nullptr,
-      [&](int m) { return m * a.hin_s2; }, a.vec_in);
+  if (a.h_in) {
+    const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + r0 * a.hin_s2 + c4;
+    if (a.vec_in) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4(base + m * a.hin_s2, true);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4(base + m * a.hin_s2, false);
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 
   // A masked token: o = 0 and the state unchanged (stored again only where the output state is
   // another tensor, as gdr::forward's final_state; decode in place has nothing to write).
@@ -144,10 +159,16 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
       update(std::false_type{});
   }
 
-  if (a.h_out)
-    store_state(
-        s, a.h_out + row * a.hout_s0 + hv * a.hout_s1 + r0 * a.hout_s2 + c4,
-        [&](int m) { return m * a.hout_s2; }, a.vec_out);
+  if (a.h_out) {
+    float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1 + r0 * a.hout_s2 + c4;
+    if (a.vec_out) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store4(base + m * a.hout_s2, s[m], true);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store4(base + m * a.hout_s2, s[m], false);
+    }
+  }
 }
 
 }  // namespace gdr::cuda::detail
