@@ -140,6 +140,13 @@ std::vector<DType> state_allowed(DType input) {
   return {DType::f32};
 }
 
+// A decode pool may also hold bfloat16 (half the bytes of the serving step; computed in fp32,
+// rounded to nearest even on store).
+std::vector<DType> pool_allowed(DType input) {
+  if (input == DType::f64) return state_allowed(input);
+  return {DType::f32, DType::bf16};
+}
+
 std::vector<DType> gate_allowed(DType input) {
   if (input == DType::f32) return {DType::f32};
   return {DType::f32, input};
@@ -281,12 +288,12 @@ void check_varlen(Checker& c, Problem& prob, const TensorView& cu) {
 
 // A state-shaped tensor ([N, Hv, Dk, Dv] k-first or [N, Hv, Dv, Dk] v-first).
 void check_state(Checker& c, const Problem& prob, const char* name, const TensorView& t, i64 rows,
-                 const char* rows_symbol, const Options& opts) {
+                 const char* rows_symbol, const Options& opts, bool pool = false) {
   if (opts.state_layout == StateLayout::k_first)
     c.shape(name, t, {{rows, rows_symbol}, {prob.Hv, "Hv"}, {prob.Dk, "Dk"}, {prob.Dv, "Dv"}});
   else
     c.shape(name, t, {{rows, rows_symbol}, {prob.Hv, "Hv"}, {prob.Dv, "Dv"}, {prob.Dk, "Dk"}});
-  check_dtype(c, name, t, state_allowed(prob.dtype));
+  check_dtype(c, name, t, pool ? pool_allowed(prob.dtype) : state_allowed(prob.dtype));
 }
 
 // The inputs shared by forward and backward.
@@ -414,7 +421,7 @@ Problem validate_decode(const DecodeParams& p, const char* op) {
              (p.opts.state_layout == StateLayout::k_first ? "[P, Hv, Dk, Dv]" : "[P, Hv, Dv, Dk]"));
   c.basic("state", p.state);
   prob.P = p.state.shape[0];
-  check_state(c, prob, "state", p.state, prob.P, "P", p.opts);
+  check_state(c, prob, "state", p.state, prob.P, "P", p.opts, /*pool=*/true);
   prob.has_h0 = true;
   prob.has_final_state = true;
   if (p.state_indices.defined()) {

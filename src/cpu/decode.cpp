@@ -1,7 +1,8 @@
 // The CPU decode step: T (1..16) tokens for each of B sequences, the recurrence of SPEC
 // Section 2 with the state updated in place in a pool.
 //
-//   state [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] (v-first), f32
+//   state [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] (v-first), f32 or bf16 (computed in
+//   fp32, stored rounded to nearest even)
 //   sequence b uses pool row r = state_indices[b] (or b without indices); r < 0 skips b: its
 //   o rows are written as 0 and no state row is read or written.
 //

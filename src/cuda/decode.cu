@@ -1,7 +1,8 @@
 // Host side of the CUDA recurrent kernel (recurrent.cuh): gdr::cuda::decode (state pool
 // updated in place) and gdr::cuda::recurrent_forward (h0 -> final_state, any T, varlen).
 // Instantiated for Dk in {64, 128, 256}, both state layouts and both gate kinds (12 kernels),
-// plus the one-token kernel (recurrent_one.cuh: k-first, both gate kinds, 6 kernels);
+// plus the one-token kernel (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16
+// state pool, 12 kernels);
 // Dv (64, 128, 256), dtypes and the fused options are run-time values (the dtypes and options
 // are read in the per-chunk staging code only).
 #include <cuda_runtime.h>
@@ -103,11 +104,14 @@ bool rows16(const TensorView& t) {
   return true;
 }
 
-// 16-byte state accesses need a 16-byte aligned base and row strides that are multiples of 4.
+// 16-byte state accesses need a 16-byte aligned base and row strides of whole 16-byte units
+// (4 f32 or 8 bf16 elements).
 bool vectorizable(const TensorView& t) {
   if (!t.defined()) return false;
   const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
-  return addr % 16 == 0 && t.stride[0] % 4 == 0 && t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0;
+  const std::int64_t unit = 16 / dtype_size(t.dtype);
+  return addr % 16 == 0 && t.stride[0] % unit == 0 && t.stride[1] % unit == 0 &&
+         t.stride[2] % unit == 0;
 }
 
 template <typename F>
@@ -195,8 +199,16 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
   // The one-token kernel reads each lane's slices of 16-byte aligned rows (recurrent_one.cuh).
-  const bool one = recurrent_one_applies(a.T, a.cu_seqlens != nullptr, v_first, a.vec_tok) &&
-                   g_path_override.load(std::memory_order_relaxed) != 1;
+  const bool one_applies = recurrent_one_applies(a.T, a.cu_seqlens != nullptr, v_first, a.vec_tok);
+  // A bf16 pool: only the one-token kernel reads it.
+  if (a.state_bf16 && !one_applies)
+    refuse(op,
+           "a bfloat16 state is supported on cuda for one token per sequence (T = 1) on a "
+           "k_first state with 16-byte aligned q, k, v rows; got T=" +
+               std::to_string(a.T) + ", state_layout=" + (v_first ? "v_first" : "k_first") +
+               (a.vec_tok ? "" : ", unaligned rows") + " (use a float32 state)");
+  const bool one =
+      one_applies && (a.state_bf16 || g_path_override.load(std::memory_order_relaxed) != 1);
   const int sms = sm_count(prob.device_index, op);
   int warps = g_warps_override.load(std::memory_order_relaxed);
   const int cw = recurrent_columns_per_warp(prob.Dk, v_first);
@@ -217,8 +229,12 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     constexpr int DK = decltype(dk)::value;
     if (one) {
       with_bool(per_key, [&](auto pk) {
-        detail::recurrent_one_kernel<DK, decltype(pk)::value>
-            <<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
+        if (a.state_bf16)
+          detail::recurrent_one_kernel<DK, decltype(pk)::value, true>
+              <<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
+        else
+          detail::recurrent_one_kernel<DK, decltype(pk)::value>
+              <<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
       });
       return;
     }
@@ -250,7 +266,9 @@ void set_recurrent_path_override(int path) {
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {
   const char* op = "gdr.decode";
   check_common(op, prob, p.q, p.g, p.beta, p.A_log, p.dt_bias, p.mask, p.opts);
-  if (p.state.dtype != DType::f32) refuse(op, "state must be float32");
+  if (p.state.dtype != DType::f32 && p.state.dtype != DType::bf16)
+    refuse(op, "state has dtype " + std::string(to_string(p.state.dtype)) +
+                   "; on cuda supported: float32, bfloat16");
   if (p.state_indices.defined() && p.state_indices.dtype != DType::i32 &&
       p.state_indices.dtype != DType::i64)
     refuse(op, "state_indices has dtype " + std::string(to_string(p.state_indices.dtype)) +
@@ -266,6 +284,7 @@ void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config
   a.hin_s2 = a.hout_s2 = p.state.stride[2];
   a.vec_in = a.vec_out = vectorizable(p.state);
   a.in_place = true;
+  a.state_bf16 = p.state.dtype == DType::bf16;
   if (p.state_indices.defined()) {
     a.state_indices = p.state_indices.data;
     a.idx_dtype = static_cast<int>(p.state_indices.dtype);

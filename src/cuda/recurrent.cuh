@@ -61,8 +61,9 @@ struct RecurrentArgs {
   const float* A_log;
   const float* dt_bias;
   std::int64_t dt_bias_sh;
-  // State rows: [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] (v-first), f32; strides of the
-  // first three dims. h_in null: zeros; h_out null: not stored. Decode: both the pool.
+  // State rows: [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] (v-first), f32 (decode may hold
+  // bf16: state_bf16, the pointers then address bf16 elements); strides of the first three dims.
+  // h_in null: zeros; h_out null: not stored. Decode: both the pool.
   const float* h_in;
   float* h_out;
   std::int64_t hin_s0, hin_s1, hin_s2, hout_s0, hout_s1, hout_s2;
@@ -84,6 +85,7 @@ struct RecurrentArgs {
   bool vec_tok;
   bool vec_o;     // o rows start on 16-byte boundaries with strides to match
   bool in_place;  // h_out is h_in (decode): a state left unchanged need not be stored
+  bool state_bf16;  // decode: the pool holds bfloat16 (the one-token kernel only)
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
@@ -370,18 +372,25 @@ __device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const Blo
   store_scalars<PERKEY>(a, cnt, A, dtb, xs, gs, bs, ms);
 }
 
-// The token step of the k-first tile on one lane's registers (s[m] = S[r0 + m, 4 columns]),
-// shared by recurrent_kernel and recurrent_one_kernel: the Dk-reductions on the raw q, k in one
-// butterfly over the row groups (S'.k, S'.q, k.q and, with L2, ||q||^2 and ||k||^2; the norms
-// and the scale applied to the reduced values), then
+// The token step of the k-first tile on one lane's registers (row m of the lane: COLS / 4
+// float4, s[m * COLS / 4 + h] = S[r0 + m, 4h .. 4h + 3 of its columns]), shared by
+// recurrent_kernel and recurrent_one_kernel: the Dk-reductions on the raw q, k in one butterfly
+// over the row groups (S'.k, S'.q, k.q and, with L2, ||q||^2 and ||k||^2; the norms and the
+// scale applied to the reduced values), then
 //   u = beta (v - S'^T k^),  o = S'^T q~ + u (k^ . q~),  S = S' + k^ u^T
 // with S' = dec * S (a per-key decay is applied to s by the caller, dec = 1). k4(m4) / q4(m4)
-// give k and q of rows r0 + 4 m4 .. + 3; v4() the lane's 4 values of v; store_o(o) is called
-// on every lane (the caller stores from one row group).
-template <int M, int CG, bool L2, typename K4, typename Q4, typename V4, typename StoreO>
-__device__ __forceinline__ void kfirst_token(float4 (&s)[M], K4 k4, Q4 q4, V4 v4_of, StoreO store_o,
-                                             float be, float dec, float scale, float eps) {
-  float pk[4] = {0.f, 0.f, 0.f, 0.f}, pq[4] = {0.f, 0.f, 0.f, 0.f};
+// give k and q of rows r0 + 4 m4 .. + 3; v4(h) the lane's values 4h .. 4h + 3 of v;
+// store_o(h, o) is called on every lane (the caller stores from one row group). COLS = 4 (an
+// fp32 state, 16-byte rows of 4 columns) or 8 (a bf16 state, 16-byte rows of 8 columns).
+template <int M, int CG, bool L2, int COLS = 4, typename K4, typename Q4, typename V4,
+          typename StoreO>
+__device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q4 q4, V4 v4_of,
+                                             StoreO store_o, float be, float dec, float scale,
+                                             float eps) {
+  constexpr int NV = COLS / 4;  // float4 per row
+  float pk[COLS], pq[COLS];
+#pragma unroll
+  for (int c = 0; c < COLS; ++c) pk[c] = pq[c] = 0.f;
   float kq = 0.f, nq = 0.f, nk = 0.f;
 #pragma unroll
   for (int m4 = 0; m4 < M / 4; ++m4) {
@@ -389,15 +398,18 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M], K4 k4, Q4 q4, V4 v4
     const float kk[4] = {k4v.x, k4v.y, k4v.z, k4v.w}, qq[4] = {q4v.x, q4v.y, q4v.z, q4v.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float4 sv = s[4 * m4 + e];
-      pk[0] += sv.x * kk[e];
-      pk[1] += sv.y * kk[e];
-      pk[2] += sv.z * kk[e];
-      pk[3] += sv.w * kk[e];
-      pq[0] += sv.x * qq[e];
-      pq[1] += sv.y * qq[e];
-      pq[2] += sv.z * qq[e];
-      pq[3] += sv.w * qq[e];
+#pragma unroll
+      for (int h = 0; h < NV; ++h) {
+        const float4 sv = s[(4 * m4 + e) * NV + h];
+        pk[4 * h] += sv.x * kk[e];
+        pk[4 * h + 1] += sv.y * kk[e];
+        pk[4 * h + 2] += sv.z * kk[e];
+        pk[4 * h + 3] += sv.w * kk[e];
+        pq[4 * h] += sv.x * qq[e];
+        pq[4 * h + 1] += sv.y * qq[e];
+        pq[4 * h + 2] += sv.z * qq[e];
+        pq[4 * h + 3] += sv.w * qq[e];
+      }
       kq += kk[e] * qq[e];
       if constexpr (L2) {
         nq += qq[e] * qq[e];
@@ -408,9 +420,9 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M], K4 k4, Q4 q4, V4 v4
 #pragma unroll
   for (int off = CG; off < 32; off <<= 1) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      pk[e] += __shfl_xor_sync(0xffffffffu, pk[e], off);
-      pq[e] += __shfl_xor_sync(0xffffffffu, pq[e], off);
+    for (int c = 0; c < COLS; ++c) {
+      pk[c] += __shfl_xor_sync(0xffffffffu, pk[c], off);
+      pq[c] += __shfl_xor_sync(0xffffffffu, pq[c], off);
     }
     kq += __shfl_xor_sync(0xffffffffu, kq, off);
     if constexpr (L2) {
@@ -421,27 +433,35 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M], K4 k4, Q4 q4, V4 v4
   const float rk = L2 ? 1.f / sqrtf(nk + eps) : 1.f;
   const float fq = scale * (L2 ? 1.f / sqrtf(nq + eps) : 1.f);
   const float kqn = kq * rk * fq;
-  const float4 v4 = v4_of();
-  float u[4];  // u = beta (v - S'^T k^)
-  u[0] = be * (v4.x - dec * pk[0] * rk);
-  u[1] = be * (v4.y - dec * pk[1] * rk);
-  u[2] = be * (v4.z - dec * pk[2] * rk);
-  u[3] = be * (v4.w - dec * pk[3] * rk);
-  store_o(make_float4(dec * pq[0] * fq + u[0] * kqn, dec * pq[1] * fq + u[1] * kqn,
-                      dec * pq[2] * fq + u[2] * kqn, dec * pq[3] * fq + u[3] * kqn));
+  float u[COLS];  // u = beta (v - S'^T k^)
 #pragma unroll
-  for (int e = 0; e < 4; ++e) u[e] *= rk;
+  for (int h = 0; h < NV; ++h) {
+    const float4 v4 = v4_of(h);
+    u[4 * h] = be * (v4.x - dec * pk[4 * h] * rk);
+    u[4 * h + 1] = be * (v4.y - dec * pk[4 * h + 1] * rk);
+    u[4 * h + 2] = be * (v4.z - dec * pk[4 * h + 2] * rk);
+    u[4 * h + 3] = be * (v4.w - dec * pk[4 * h + 3] * rk);
+    store_o(h, make_float4(dec * pq[4 * h] * fq + u[4 * h] * kqn,
+                           dec * pq[4 * h + 1] * fq + u[4 * h + 1] * kqn,
+                           dec * pq[4 * h + 2] * fq + u[4 * h + 2] * kqn,
+                           dec * pq[4 * h + 3] * fq + u[4 * h + 3] * kqn));
+  }
+#pragma unroll
+  for (int c = 0; c < COLS; ++c) u[c] *= rk;
 #pragma unroll
   for (int m4 = 0; m4 < M / 4; ++m4) {  // S = S' + k^ u^T
     const float4 k4v = k4(m4);
     const float kk[4] = {k4v.x, k4v.y, k4v.z, k4v.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float4& sv = s[4 * m4 + e];
-      sv.x = fmaf(dec, sv.x, kk[e] * u[0]);
-      sv.y = fmaf(dec, sv.y, kk[e] * u[1]);
-      sv.z = fmaf(dec, sv.z, kk[e] * u[2]);
-      sv.w = fmaf(dec, sv.w, kk[e] * u[3]);
+#pragma unroll
+      for (int h = 0; h < NV; ++h) {
+        float4& sv = s[(4 * m4 + e) * NV + h];
+        sv.x = fmaf(dec, sv.x, kk[e] * u[4 * h]);
+        sv.y = fmaf(dec, sv.y, kk[e] * u[4 * h + 1]);
+        sv.z = fmaf(dec, sv.z, kk[e] * u[4 * h + 2]);
+        sv.w = fmaf(dec, sv.w, kk[e] * u[4 * h + 3]);
+      }
     }
   }
 }
@@ -639,8 +659,10 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
         const float4* q4 = reinterpret_cast<const float4*>(qt + (lane / CG) * M);
         kfirst_token<M, CG, L2>(
             s, [&](int m4) { return k4[m4]; }, [&](int m4) { return q4[m4]; },
-            [&] { return reinterpret_cast<const float4*>(vs + t * cb + warp * CW)[lane % CG]; },
-            [&](float4 out) {
+            [&](int) {
+              return reinterpret_cast<const float4*>(vs + t * cb + warp * CW)[lane % CG];
+            },
+            [&](int, float4 out) {
               if (lane < CG)
                 store4_from_float(a.o, obase + colw + 4 * lane, a.in_dtype, a.vec_o, out);
             },

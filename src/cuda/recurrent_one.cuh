@@ -23,7 +23,27 @@ namespace gdr::cuda::detail {
 // M consecutive values of one row (16-byte aligned) as floats: f32 as M / 4 float4 loads,
 // f16 / bf16 as M / 8 16-byte units.
 template <int M>
+__device__ __forceinline__ void load_slice(const char* p, int dtype, float* x);
+
+// Four consecutive values (8- or 16-byte aligned) as floats.
+__device__ __forceinline__ float4 load_four(const char* p, int dtype) {
+  if (dtype == kF32) return __ldg(reinterpret_cast<const float4*>(p));
+  const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+  float x[8];
+  unit_to_float(make_uint4(w.x, w.y, 0u, 0u), dtype, x);
+  return make_float4(x[0], x[1], x[2], x[3]);
+}
+
+template <int M>
 __device__ __forceinline__ void load_slice(const char* p, int dtype, float* x) {
+  if constexpr (M == 4) {  // (the bf16-state tile at Dk = 64)
+    const float4 f = load_four(p, dtype);
+    x[0] = f.x;
+    x[1] = f.y;
+    x[2] = f.z;
+    x[3] = f.w;
+    return;
+  }
   if (dtype == kF32) {
 #pragma unroll
     for (int i = 0; i < M / 4; ++i) {
@@ -40,20 +60,46 @@ __device__ __forceinline__ void load_slice(const char* p, int dtype, float* x) {
   }
 }
 
-// Four consecutive values (8- or 16-byte aligned) as floats.
-__device__ __forceinline__ float4 load_four(const char* p, int dtype) {
-  if (dtype == kF32) return __ldg(reinterpret_cast<const float4*>(p));
-  const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+// A bf16 state row slice of 8 values: loaded as floats (one 16-byte access when `vec`), stored
+// rounded to nearest even.
+__device__ __forceinline__ void load8_bf16(const __nv_bfloat16* p, bool vec, float4& lo,
+                                           float4& hi) {
   float x[8];
-  unit_to_float(make_uint4(w.x, w.y, 0u, 0u), dtype, x);
-  return make_float4(x[0], x[1], x[2], x[3]);
+  if (vec) {
+    unit_to_float(__ldcs(reinterpret_cast<const uint4*>(p)), kBF16, x);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(p[i]);
+  }
+  lo = make_float4(x[0], x[1], x[2], x[3]);
+  hi = make_float4(x[4], x[5], x[6], x[7]);
+}
+__device__ __forceinline__ void store8_bf16(__nv_bfloat16* p, bool vec, float4 lo, float4 hi) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(lo.x, lo.y), b = __floats2bfloat162_rn(lo.z, lo.w);
+  const __nv_bfloat162 c = __floats2bfloat162_rn(hi.x, hi.y), d = __floats2bfloat162_rn(hi.z, hi.w);
+  if (vec) {
+    __stcs(reinterpret_cast<uint4*>(p), make_uint4(*reinterpret_cast<const std::uint32_t*>(&a),
+                                                   *reinterpret_cast<const std::uint32_t*>(&b),
+                                                   *reinterpret_cast<const std::uint32_t*>(&c),
+                                                   *reinterpret_cast<const std::uint32_t*>(&d)));
+  } else {
+    reinterpret_cast<__nv_bfloat162*>(p)[0] = a;
+    reinterpret_cast<__nv_bfloat162*>(p)[1] = b;
+    reinterpret_cast<__nv_bfloat162*>(p)[2] = c;
+    reinterpret_cast<__nv_bfloat162*>(p)[3] = d;
+  }
 }
 
-template <int DK, bool PERKEY>
+// BF16STATE: the state pool holds bfloat16 (a.h_in, a.h_out point at it; computed in fp32).
+// Its lane tile has 8 columns (one 16-byte row access) and half the rows of the fp32 tile.
+template <int DK, bool PERKEY, bool BF16STATE = false>
 __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentArgs a) {
   using Tl = Tile<DK, false>;
-  constexpr int CW = Tl::kCW, M = Tl::kM, CG = Tl::kCG;
-  static_assert(M % 8 == 0, "k and q slices are whole 16-byte units of 16-bit values");
+  constexpr int COLS = BF16STATE ? 8 : 4;      // columns per lane
+  constexpr int NV = COLS / 4;                 // float4 per row
+  constexpr int CW = Tl::kCW, CG = CW / COLS;  // columns per warp, lanes per row
+  constexpr int M = DK * CG / 32;              // rows per lane
+  static_assert(M % 8 == 0 || M == 4, "k and q slices are 8- or 16-byte units");
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
@@ -64,7 +110,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   const std::int64_t n = nq;  // batch row (no varlen on this path), token 0
   const int hk = hv / a.group;
   const int r0 = (lane / CG) * M;                                    // the lane's first key row
-  const int c4 = split * nwarps * CW + warp * CW + 4 * (lane % CG);  // its first value column
+  const int c4 = split * nwarps * CW + warp * CW + COLS * (lane % CG);  // its first value column
   const std::int64_t obase = n * a.o_sb + hv * a.o_sh + c4;
 
   std::int64_t row = n;
@@ -73,14 +119,27 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   if (row < 0 || row >= a.P) {
     if (lane < CG) {
       const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
-      store4_from_float(a.o, obase, a.in_dtype, a.vec_o, make_float4(fill, fill, fill, fill));
+#pragma unroll
+      for (int h = 0; h < NV; ++h)
+        store4_from_float(a.o, obase + 4 * h, a.in_dtype, a.vec_o,
+                          make_float4(fill, fill, fill, fill));
     }
     return;
   }
 
-  // State loads first (the long-latency traffic); vector m = S[r0 + m, c4 .. c4 + 3].
-  float4 s[M];
-  if (a.h_in) {
+  // State loads first (the long-latency traffic); vector m NV + h = S[r0 + m, c4 + 4h .. + 3].
+  float4 s[M * NV];
+  if constexpr (BF16STATE) {
+    const auto* base = reinterpret_cast<const __nv_bfloat16*>(a.h_in) + row * a.hin_s0 +
+                       hv * a.hin_s1 + r0 * a.hin_s2 + c4;
+    if (a.vec_in) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) load8_bf16(base + m * a.hin_s2, true, s[2 * m], s[2 * m + 1]);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) load8_bf16(base + m * a.hin_s2, false, s[2 * m], s[2 * m + 1]);
+    }
+  } else if (a.h_in) {
     const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + r0 * a.hin_s2 + c4;
     if (a.vec_in) {
 #pragma unroll
@@ -98,7 +157,11 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   // another tensor, as gdr::forward's final_state; decode in place has nothing to write).
   const bool masked = a.mask && !__ldg(a.mask + n * a.mask_sb);
   if (masked) {
-    if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, make_float4(0, 0, 0, 0));
+    if (lane < CG) {
+#pragma unroll
+      for (int h = 0; h < NV; ++h)
+        store4_from_float(a.o, obase + 4 * h, a.in_dtype, a.vec_o, make_float4(0, 0, 0, 0));
+    }
     if (a.in_place) return;
   } else {
     // The token's inputs this lane needs.
@@ -108,8 +171,10 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
                   kk);
     load_slice<M>(static_cast<const char*>(a.q) + es * (n * a.q_sb + hk * a.q_sh + r0), a.in_dtype,
                   qq);
-    const float4 v4 =
-        load_four(static_cast<const char*>(a.v) + es * (n * a.v_sb + hv * a.v_sh + c4), a.in_dtype);
+    const char* vp = static_cast<const char*>(a.v) + es * (n * a.v_sb + hv * a.v_sh + c4);
+    float4 v4[NV];
+#pragma unroll
+    for (int h = 0; h < NV; ++h) v4[h] = load_four(vp + es * 4 * h, a.in_dtype);
     const char* gp = static_cast<const char*>(a.g) +
                      dtype_bytes(a.g_dtype) * (n * a.g_sb + hv * a.g_sh + (PERKEY ? r0 : 0));
     float be = bytes_as_float(static_cast<const char*>(a.beta) +
@@ -128,10 +193,13 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
         const float x = gg[m];
         const float d =
             expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb + r0 + m) : 0.f)) : x);
-        s[m].x *= d;
-        s[m].y *= d;
-        s[m].z *= d;
-        s[m].w *= d;
+#pragma unroll
+        for (int h = 0; h < NV; ++h) {
+          s[m * NV + h].x *= d;
+          s[m * NV + h].y *= d;
+          s[m * NV + h].z *= d;
+          s[m * NV + h].w *= d;
+        }
       }
     } else {
       const float x = bytes_as_float(gp, a.g_dtype);
@@ -139,7 +207,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
     }
 
     auto update = [&](auto l2_tag) {
-      kfirst_token<M, CG, decltype(l2_tag)::value>(
+      kfirst_token<M, CG, decltype(l2_tag)::value, COLS>(
           s,
           [&](int m4) {
             return make_float4(kk[4 * m4], kk[4 * m4 + 1], kk[4 * m4 + 2], kk[4 * m4 + 3]);
@@ -147,9 +215,9 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
           [&](int m4) {
             return make_float4(qq[4 * m4], qq[4 * m4 + 1], qq[4 * m4 + 2], qq[4 * m4 + 3]);
           },
-          [&] { return v4; },
-          [&](float4 out) {
-            if (lane < CG) store4_from_float(a.o, obase, a.in_dtype, a.vec_o, out);
+          [&](int h) { return v4[h]; },
+          [&](int h, float4 out) {
+            if (lane < CG) store4_from_float(a.o, obase + 4 * h, a.in_dtype, a.vec_o, out);
           },
           be, dec, a.scale, a.eps);
     };
@@ -159,7 +227,17 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
       update(std::false_type{});
   }
 
-  if (a.h_out) {
+  if constexpr (BF16STATE) {
+    auto* base = reinterpret_cast<__nv_bfloat16*>(a.h_out) + row * a.hout_s0 + hv * a.hout_s1 +
+                 r0 * a.hout_s2 + c4;
+    if (a.vec_out) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store8_bf16(base + m * a.hout_s2, true, s[2 * m], s[2 * m + 1]);
+    } else {
+#pragma unroll
+      for (int m = 0; m < M; ++m) store8_bf16(base + m * a.hout_s2, false, s[2 * m], s[2 * m + 1]);
+    }
+  } else if (a.h_out) {
     float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1 + r0 * a.hout_s2 + c4;
     if (a.vec_out) {
 #pragma unroll

@@ -47,6 +47,7 @@ std::string describe(const Case& c, std::uint64_t seed) {
   if (c.qk_l2norm) s << " qk_l2norm";
   if (c.scale != 0.0f) s << " scale=" << c.scale;
   if (c.strided) s << " strided";
+  if (c.bf16_state) s << " bf16_state";
   s << " seed=" << (seed ? seed : c.seed);
   return s.str();
 }
@@ -435,6 +436,9 @@ bool low_precision(const Case& c) {
 double forward_tolerance(const Case& c) {
   return low_precision(c) ? 5e-3 : 1e-5;
 }
+double state_tolerance(const Case& c) {
+  return forward_tolerance(c) + (c.bf16_state ? 2e-3 : 0.0);
+}
 double backward_tolerance(const Case& c) {
   return low_precision(c) ? 1e-2 : 1e-4;
 }
@@ -609,7 +613,8 @@ DecodeData make_decode_problem(const Case& c_in, std::int64_t P, bool with_indic
   d.base = make_problem(c);
   d.P = P > 0 ? P : c.B;
   std::mt19937_64 rng(d.base.seed ^ 0x9e3779b97f4a7c15ULL);
-  const DType state_dtype = c.dtype == DType::f64 ? DType::f64 : DType::f32;
+  const DType state_dtype =
+      c.dtype == DType::f64 ? DType::f64 : (c.bf16_state ? DType::bf16 : DType::f32);
   if (c.layout == StateLayout::k_first)
     d.state = HostTensor(state_dtype, {d.P, c.Hv, c.Dk, c.Dv});
   else
@@ -637,8 +642,10 @@ ForwardResult decode_reference(const DecodeData& d) {
   std::vector<std::int64_t> sshape = d.state.shape();
   const std::int64_t per_row = c.Hv * c.Dk * c.Dv;
   sshape[0] = c.B;
-  t.h0 = HostTensor(d.state.dtype(), sshape);
-  t.final_state = HostTensor(d.state.dtype(), sshape);
+  // A bf16 pool's values are exact in f32, the reference's state dtype.
+  const DType ref_dtype = d.state.dtype() == DType::bf16 ? DType::f32 : d.state.dtype();
+  t.h0 = HostTensor(ref_dtype, sshape);
+  t.final_state = HostTensor(ref_dtype, sshape);
   t.c.h0 = true;
   t.c.final_state = true;
   t.h0.fill(0.0);

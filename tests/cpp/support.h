@@ -37,6 +37,7 @@ struct Case {
   std::int64_t B = 1, T = 16;
   std::vector<std::int64_t> seqlens;  // varlen lengths (zeros allowed); empty = no varlen
   bool cu_seqlens_i64 = false;        // cu_seqlens dtype: int32 (default) or int64
+  bool bf16_state = false;            // decode: the pool holds bfloat16 (make_decode_problem)
   std::int64_t Hk = 2, Hv = 2, Dk = 8, Dv = 8;
   GateKind gate = GateKind::scalar;
   bool mask = false;        // random mask (~25% false)
@@ -153,11 +154,17 @@ double rel_error(const std::vector<double>& a, const std::vector<double>& ref);
 
 // SPEC Section 7 bounds for the precision of the case (fp32/f64 vs f16/bf16).
 double forward_tolerance(const Case& c);
+// The bound for a decode pool after the step: forward_tolerance, plus the rounding of a
+// bfloat16 pool (2^-9 relative per element, so < 2e-3 in the norm) when c.bf16_state.
+double state_tolerance(const Case& c);
 double backward_tolerance(const Case& c);
 
 // GoogleTest expectations on every field (each field named in the failure message).
 void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, double tol,
                           const std::string& label);
+// o within tol_o, the final state within tol_state.
+void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, double tol_o,
+                          double tol_state, const std::string& label);
 void expect_backward_close(const BackwardResult& got, const BackwardResult& ref, double tol,
                            const std::string& label);
 

@@ -12,6 +12,13 @@ void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, do
     EXPECT_LT(rel_error(*f.got, *f.ref), tol) << f.name << " vs reference: " << label;
 }
 
+void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, double tol_o,
+                          double tol_state, const std::string& label) {
+  EXPECT_LT(rel_error(got.o, ref.o), tol_o) << "o vs reference: " << label;
+  EXPECT_LT(rel_error(got.final_state, ref.final_state), tol_state)
+      << "final_state vs reference: " << label;
+}
+
 void expect_backward_close(const BackwardResult& got, const BackwardResult& ref, double tol,
                            const std::string& label) {
   for (const Field& f : fields(got, ref))

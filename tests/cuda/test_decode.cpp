@@ -68,7 +68,7 @@ void check_decode_path(const Case& c, std::int64_t P, bool indices, int path) {
   const ForwardResult ref = decode_reference(d);
   std::vector<unsigned char> after;
   const ForwardResult got = run_decode_cuda(d, nullptr, &after);
-  expect_forward_close(got, ref, forward_tolerance(d.base.c), label);
+  expect_forward_close(got, ref, forward_tolerance(d.base.c), state_tolerance(d.base.c), label);
   if (indices) {
     std::set<std::int64_t> used;
     for (std::int64_t b = 0; b < c.B; ++b) {
@@ -196,6 +196,43 @@ TEST(CudaDecode, LargeBatch) {
     c.layout = layout;
     c.dtype = DType::bf16;
     check_decode(c);
+  }
+}
+
+// A bfloat16 pool (one token, k-first): o as with an fp32 pool, the pool within the bf16
+// rounding of the reference (state_tolerance), rows nobody uses untouched bit for bit.
+TEST(CudaDecode, Bf16StatePool) {
+  REQUIRE_GPU();
+  for (std::int64_t Dk : {64, 128, 256})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        Case c = decode_case(5, 1, 2, 4, Dk);
+        c.Dv = Dk == 256 ? 64 : 128;
+        c.gate = gate;
+        c.dtype = dtype;
+        c.bf16_state = true;
+        c.mask = gate == GateKind::per_key;
+        c.qk_l2norm = dtype == DType::bf16;
+        check_decode(c, 9, true);
+      }
+}
+
+// A bfloat16 pool outside the one-token kernel's reach is refused with the reason.
+TEST(CudaDecode, Bf16StateRefused) {
+  REQUIRE_GPU();
+  for (int variant = 0; variant < 2; ++variant) {
+    Case c = decode_case(2, variant == 0 ? 2 : 1, 1, 2, 64);
+    c.bf16_state = true;
+    if (variant == 1) c.layout = StateLayout::v_first;
+    DecodeData d = make_decode_problem(c);
+    try {
+      run_decode_cuda(d);
+      ADD_FAILURE() << "a bf16 state was accepted: " << describe(c, d.base.seed);
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("bfloat16 state"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(variant == 0 ? "T=2" : "state_layout=v_first"), std::string::npos) << msg;
+    }
   }
 }
 

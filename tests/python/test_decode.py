@@ -33,6 +33,20 @@ def test_decode_step_matches_reference(T, gate, layout):
         assert torch.equal(pool[row], before[row])  # rows no sequence uses stay as they were
 
 
+@pytest.mark.parametrize("T", [1, 4])
+def test_decode_step_bf16_pool(T):
+    # A bfloat16 pool: the step starts from its rounded rows, computes in fp32 and stores the
+    # new rows rounded (within 2^-9 relative of the float64 recurrence's state).
+    x = make_inputs(B=2, T=T, Hk=2, Hv=2, Dk=16, Dv=16, h0=True, decay="strong")
+    pool = x["initial_state"].to(torch.bfloat16)
+    h0 = pool.float()
+    o = gdr.decode_step(x["q"], x["k"], x["v"], x["g"], x["beta"], pool)
+    o_ref, s_ref = torch_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=h0)
+    assert pool.dtype == torch.bfloat16
+    assert rel_err(o, o_ref) < TOL_FWD
+    assert rel_err(pool.float(), s_ref) < 2e-3 and rel_err(pool.float(), s_ref) > 0
+
+
 def test_decode_step_mask_and_fused_options():
     B, T, H, D = 2, 4, 2, 16
     x = make_inputs(B=B, T=T, Hk=H, Dk=D, Dv=D, h0=True)
