@@ -372,6 +372,20 @@ __device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const Blo
   store_scalars<PERKEY>(a, cnt, A, dtb, xs, gs, bs, ms);
 }
 
+// One round of a transposing warp reduction of N values: lanes with bit OFF set keep the
+// upper N / 2 values, the others the lower; each sends the other half to lane ^ OFF and adds
+// what it receives (N / 2 shuffles; the values a lane keeps halve).
+template <int N, int OFF>
+__device__ __forceinline__ void transpose_reduce_round(float* x, int lane) {
+  const bool upper = lane & OFF;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const float lo = x[i], hi = x[i + N / 2];  // values first: no select of addresses
+    const float keep = upper ? hi : lo, send = upper ? lo : hi;
+    x[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+  }
+}
+
 // The token step of the k-first tile on one lane's registers (row m of the lane: COLS / 4
 // float4, s[m * COLS / 4 + h] = S[r0 + m, 4h .. 4h + 3 of its columns]), shared by
 // recurrent_kernel and recurrent_one_kernel: the Dk-reductions on the raw q, k in one butterfly
@@ -379,9 +393,10 @@ __device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const Blo
 // scale applied to the reduced values), then
 //   u = beta (v - S'^T k^),  o = S'^T q~ + u (k^ . q~),  S = S' + k^ u^T
 // with S' = dec * S (a per-key decay is applied to s by the caller, dec = 1). k4(m4) / q4(m4)
-// give k and q of rows r0 + 4 m4 .. + 3; v4(h) the lane's values 4h .. 4h + 3 of v;
-// store_o(h, o) is called on every lane (the caller stores from one row group). COLS = 4 (an
-// fp32 state, 16-byte rows of 4 columns) or 8 (a bf16 state, 16-byte rows of 8 columns).
+// give k and q of rows r0 + 4 m4 .. + 3; COLS = 4 (an fp32 state, 16-byte rows of 4 columns):
+// v4(h) the lane's values 4h .. 4h + 3 of v, store_o(h, o) called on every lane (the caller
+// stores from one row group); COLS = 8 (a bf16 state, 16-byte rows of 8 columns): v4(c) the
+// lane's value c of v (a float), store_o(c, o) called on the lane that holds o_c.
 template <int M, int CG, bool L2, int COLS = 4, typename K4, typename Q4, typename V4,
           typename StoreO>
 __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q4 q4, V4 v4_of,
@@ -417,37 +432,77 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q
       }
     }
   }
+  float u[COLS];
+  if constexpr (COLS == 8) {
+    // 16 row groups (CG = 2; 32 at Dk = 256, CG = 1): one transposing reduction of {S'.k,
+    // S'.q} (15 shuffles, + 1 with 32 groups, instead of a 16-value butterfly's 64 or 80) leaves
+    // lane pair e = lane / 2 with value e: S'.k of column e (e < 8) or S'.q of column e - 8;
+    // u_e is formed there, handed to pair e + 8 for o_e, and gathered by every lane for the
+    // update. v4_of(c) / store_o(c, x) take one column c.
+    static_assert(CG == 1 || CG == 2, "the 8-column tile has 16 or 32 row groups");
+    float x[16];
 #pragma unroll
-  for (int off = CG; off < 32; off <<= 1) {
-#pragma unroll
-    for (int c = 0; c < COLS; ++c) {
-      pk[c] += __shfl_xor_sync(0xffffffffu, pk[c], off);
-      pq[c] += __shfl_xor_sync(0xffffffffu, pq[c], off);
+    for (int c = 0; c < 8; ++c) {
+      x[c] = pk[c];
+      x[8 + c] = pq[c];
     }
-    kq += __shfl_xor_sync(0xffffffffu, kq, off);
-    if constexpr (L2) {
-      nq += __shfl_xor_sync(0xffffffffu, nq, off);
-      nk += __shfl_xor_sync(0xffffffffu, nk, off);
+    const int lane = threadIdx.x & 31;
+    transpose_reduce_round<16, 16>(x, lane);
+    transpose_reduce_round<8, 8>(x, lane);
+    transpose_reduce_round<4, 4>(x, lane);
+    transpose_reduce_round<2, 2>(x, lane);
+    if constexpr (CG == 1) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 1);
+#pragma unroll
+    for (int off = CG; off < 32; off <<= 1) {
+      kq += __shfl_xor_sync(0xffffffffu, kq, off);
+      if constexpr (L2) {
+        nq += __shfl_xor_sync(0xffffffffu, nq, off);
+        nk += __shfl_xor_sync(0xffffffffu, nk, off);
+      }
     }
-  }
-  const float rk = L2 ? 1.f / sqrtf(nk + eps) : 1.f;
-  const float fq = scale * (L2 ? 1.f / sqrtf(nq + eps) : 1.f);
-  const float kqn = kq * rk * fq;
-  float u[COLS];  // u = beta (v - S'^T k^)
+    const float rk = L2 ? 1.f / sqrtf(nk + eps) : 1.f;
+    const float fq = scale * (L2 ? 1.f / sqrtf(nq + eps) : 1.f);
+    const float kqn = kq * rk * fq;
+    const int e = lane >> 1, c = e & 7;
+    const float ue = be * (v4_of(c) - dec * x[0] * rk);  // u = beta (v - S'^T k^), e < 8
+    const float uo = __shfl_xor_sync(0xffffffffu, ue, 16);
+    if (e >= 8 && (CG == 2 || (lane & 1) == 0))  // o = S'^T q~ + u (k^ . q~)
+      store_o(c, dec * x[0] * fq + uo * kqn);
 #pragma unroll
-  for (int h = 0; h < NV; ++h) {
-    const float4 v4 = v4_of(h);
-    u[4 * h] = be * (v4.x - dec * pk[4 * h] * rk);
-    u[4 * h + 1] = be * (v4.y - dec * pk[4 * h + 1] * rk);
-    u[4 * h + 2] = be * (v4.z - dec * pk[4 * h + 2] * rk);
-    u[4 * h + 3] = be * (v4.w - dec * pk[4 * h + 3] * rk);
-    store_o(h, make_float4(dec * pq[4 * h] * fq + u[4 * h] * kqn,
-                           dec * pq[4 * h + 1] * fq + u[4 * h + 1] * kqn,
-                           dec * pq[4 * h + 2] * fq + u[4 * h + 2] * kqn,
-                           dec * pq[4 * h + 3] * fq + u[4 * h + 3] * kqn));
-  }
+    for (int cc = 0; cc < 8; ++cc)
+      u[cc] = rk * __shfl_sync(0xffffffffu, ue, 2 * cc + (CG == 2 ? (lane & 1) : 0));
+  } else {
 #pragma unroll
-  for (int c = 0; c < COLS; ++c) u[c] *= rk;
+    for (int off = CG; off < 32; off <<= 1) {
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) {
+        pk[c] += __shfl_xor_sync(0xffffffffu, pk[c], off);
+        pq[c] += __shfl_xor_sync(0xffffffffu, pq[c], off);
+      }
+      kq += __shfl_xor_sync(0xffffffffu, kq, off);
+      if constexpr (L2) {
+        nq += __shfl_xor_sync(0xffffffffu, nq, off);
+        nk += __shfl_xor_sync(0xffffffffu, nk, off);
+      }
+    }
+    const float rk = L2 ? 1.f / sqrtf(nk + eps) : 1.f;
+    const float fq = scale * (L2 ? 1.f / sqrtf(nq + eps) : 1.f);
+    const float kqn = kq * rk * fq;
+#pragma unroll
+    for (int h = 0; h < NV; ++h) {  // u = beta (v - S'^T k^)
+      const float4 v4 = v4_of(h);
+      u[4 * h] = be * (v4.x - dec * pk[4 * h] * rk);
+      u[4 * h + 1] = be * (v4.y - dec * pk[4 * h + 1] * rk);
+      u[4 * h + 2] = be * (v4.z - dec * pk[4 * h + 2] * rk);
+      u[4 * h + 3] = be * (v4.w - dec * pk[4 * h + 3] * rk);
+      store_o(h, make_float4(dec * pq[4 * h] * fq + u[4 * h] * kqn,
+                             dec * pq[4 * h + 1] * fq + u[4 * h + 1] * kqn,
+                             dec * pq[4 * h + 2] * fq + u[4 * h + 2] * kqn,
+                             dec * pq[4 * h + 3] * fq + u[4 * h + 3] * kqn));
+    }
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) u[c] *= rk;
+  }
 #pragma unroll
   for (int m4 = 0; m4 < M / 4; ++m4) {  // S = S' + k^ u^T
     const float4 k4v = k4(m4);

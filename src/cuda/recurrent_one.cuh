@@ -206,20 +206,35 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
       dec = expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb) : 0.f)) : x);
     }
 
+    auto k_at = [&](int m4) {
+      return make_float4(kk[4 * m4], kk[4 * m4 + 1], kk[4 * m4 + 2], kk[4 * m4 + 3]);
+    };
+    auto q_at = [&](int m4) {
+      return make_float4(qq[4 * m4], qq[4 * m4 + 1], qq[4 * m4 + 2], qq[4 * m4 + 3]);
+    };
     auto update = [&](auto l2_tag) {
-      kfirst_token<M, CG, decltype(l2_tag)::value, COLS>(
-          s,
-          [&](int m4) {
-            return make_float4(kk[4 * m4], kk[4 * m4 + 1], kk[4 * m4 + 2], kk[4 * m4 + 3]);
-          },
-          [&](int m4) {
-            return make_float4(qq[4 * m4], qq[4 * m4 + 1], qq[4 * m4 + 2], qq[4 * m4 + 3]);
-          },
-          [&](int h) { return v4[h]; },
-          [&](int h, float4 out) {
-            if (lane < CG) store4_from_float(a.o, obase + 4 * h, a.in_dtype, a.vec_o, out);
-          },
-          be, dec, a.scale, a.eps);
+      constexpr bool L2 = decltype(l2_tag)::value;
+      if constexpr (BF16STATE) {  // one column per call (kfirst_token, COLS = 8)
+        const float vv[8] = {v4[0].x, v4[0].y, v4[0].z, v4[0].w,
+                             v4[1].x, v4[1].y, v4[1].z, v4[1].w};
+        kfirst_token<M, CG, L2, COLS>(
+            s, k_at, q_at,
+            [&](int c) {
+              float x = vv[0];
+#pragma unroll
+              for (int i = 1; i < 8; ++i) x = c == i ? vv[i] : x;
+              return x;
+            },
+            [&](int c, float out) { store_from_float(a.o, obase + c, a.in_dtype, out); }, be, dec,
+            a.scale, a.eps);
+      } else {
+        kfirst_token<M, CG, L2, COLS>(
+            s, k_at, q_at, [&](int h) { return v4[h]; },
+            [&](int h, float4 out) {
+              if (lane < CG) store4_from_float(a.o, obase + 4 * h, a.in_dtype, a.vec_o, out);
+            },
+            be, dec, a.scale, a.eps);
+      }
     };
     if (a.qk_l2norm)
       update(std::true_type{});
