@@ -433,6 +433,14 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q
       }
     }
   }
+  // k.q and, with L2, ||q||^2 and ||k||^2: one butterfly step over the row groups.
+  auto reduce_scalars = [&](int off) {
+    kq += __shfl_xor_sync(0xffffffffu, kq, off);
+    if constexpr (L2) {
+      nq += __shfl_xor_sync(0xffffffffu, nq, off);
+      nk += __shfl_xor_sync(0xffffffffu, nk, off);
+    }
+  };
   float u[COLS];
   if constexpr (SCATTER) {
     // One transposing reduction of the 2 COLS values {S'.k, S'.q} over the row groups (2 COLS - 1
@@ -456,13 +464,7 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q
 #pragma unroll
     for (int off = CG; off < (1 << SH); off <<= 1) x[0] += __shfl_xor_sync(0xffffffffu, x[0], off);
 #pragma unroll
-    for (int off = CG; off < 32; off <<= 1) {
-      kq += __shfl_xor_sync(0xffffffffu, kq, off);
-      if constexpr (L2) {
-        nq += __shfl_xor_sync(0xffffffffu, nq, off);
-        nk += __shfl_xor_sync(0xffffffffu, nk, off);
-      }
-    }
+    for (int off = CG; off < 32; off <<= 1) reduce_scalars(off);
     const float rk = L2 ? 1.f / sqrtf(nk + eps) : 1.f;
     const float fq = scale * (L2 ? 1.f / sqrtf(nq + eps) : 1.f);
     const float kqn = kq * rk * fq;
@@ -481,11 +483,7 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q
         pk[c] += __shfl_xor_sync(0xffffffffu, pk[c], off);
         pq[c] += __shfl_xor_sync(0xffffffffu, pq[c], off);
       }
-      kq += __shfl_xor_sync(0xffffffffu, kq, off);
-      if constexpr (L2) {
-        nq += __shfl_xor_sync(0xffffffffu, nq, off);
-        nk += __shfl_xor_sync(0xffffffffu, nk, off);
-      }
+      reduce_scalars(off);
     }
     const float rk = L2 ? 1.f / sqrtf(nk + eps) : 1.f;
     const float fq = scale * (L2 ? 1.f / sqrtf(nq + eps) : 1.f);
