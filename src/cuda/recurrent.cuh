@@ -393,13 +393,13 @@ __device__ __forceinline__ void transpose_reduce_round(float* x, int lane) {
 // scale applied to the reduced values), then
 //   u = beta (v - S'^T k^),  o = S'^T q~ + u (k^ . q~),  S = S' + k^ u^T
 // with S' = dec * S (a per-key decay is applied to s by the caller, dec = 1). k4(m4) / q4(m4)
-// give k and q of rows r0 + 4 m4 .. + 3. COLS = 4 (an fp32 state, 16-byte rows of 4 columns) or
-// 8 (a bf16 state, 16-byte rows of 8 columns). Reductions: a butterfly (SCATTER false): v4(h)
-// gives the lane's values 4h .. 4h + 3 of v, store_o(h, o) is called on every lane (the caller
-// stores from one row group); scattered (SCATTER): v4(c) gives the lane's value c of v (a
+// give k and q of rows r0 + 4 m4 .. + 3. COLS = 4 (an fp32 state, 16-byte rows of 4 columns):
+// a butterfly reduction; v4(h) gives the lane's values 4h .. 4h + 3 of v, store_o(h, o) is
+// called on every lane (the caller stores from one row group). COLS = 8 (a bf16 state, 16-byte
+// rows of 8 columns): a scattered reduction (below); v4(c) gives the lane's value c of v (a
 // float), store_o(c, o) is called on the one lane that holds o_c.
-template <int M, int CG, bool L2, int COLS = 4, bool SCATTER = (COLS == 8), typename K4,
-          typename Q4, typename V4, typename StoreO>
+template <int M, int CG, bool L2, int COLS = 4, typename K4, typename Q4, typename V4,
+          typename StoreO>
 __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q4 q4, V4 v4_of,
                                              StoreO store_o, float be, float dec, float scale,
                                              float eps) {
@@ -442,39 +442,38 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q
     }
   };
   float u[COLS];
-  if constexpr (SCATTER) {
-    // One transposing reduction of the 2 COLS values {S'.k, S'.q} over the row groups (2 COLS - 1
-    // shuffles, plus a butterfly over row-group bits left over, instead of a butterfly over all
-    // of them) leaves lane group e = lane >> SH with value e: S'.k of column e (e < COLS) or
-    // S'.q of column e - COLS; u_e is formed there, handed to group e + COLS (lane bit 4) for
-    // o_e, and gathered by every lane for the update. v4_of(c) / store_o(c, x) take one column.
-    constexpr int NVAL = 2 * COLS, SH = COLS == 8 ? 1 : 2;  // 32 = NVAL << SH
-    static_assert(CG <= (1 << SH), "a row group per value");
-    float x[NVAL];
+  if constexpr (COLS == 8) {
+    // 16 row groups (CG = 2; 32 at Dk = 256, CG = 1): one transposing reduction of the 16 values
+    // {S'.k, S'.q} (15 shuffles, + 1 with 32 groups, instead of a 16-value butterfly's 64 or 80)
+    // leaves lane pair e = lane / 2 with value e: S'.k of column e (e < 8) or S'.q of column
+    // e - 8; u_e is formed there, handed to pair e + 8 (lane bit 4) for o_e, and gathered by
+    // every lane for the update.
+    static_assert(CG == 1 || CG == 2, "the 8-column tile has 16 or 32 row groups");
+    float x[16];
 #pragma unroll
-    for (int c = 0; c < COLS; ++c) {
+    for (int c = 0; c < 8; ++c) {
       x[c] = pk[c];
-      x[COLS + c] = pq[c];
+      x[8 + c] = pq[c];
     }
     const int lane = threadIdx.x & 31;
-    transpose_reduce_round<NVAL, 16>(x, lane);
-    transpose_reduce_round<NVAL / 2, 8>(x, lane);
-    transpose_reduce_round<NVAL / 4, 4>(x, lane);
-    if constexpr (NVAL == 16) transpose_reduce_round<2, 2>(x, lane);
-#pragma unroll
-    for (int off = CG; off < (1 << SH); off <<= 1) x[0] += __shfl_xor_sync(0xffffffffu, x[0], off);
+    transpose_reduce_round<16, 16>(x, lane);
+    transpose_reduce_round<8, 8>(x, lane);
+    transpose_reduce_round<4, 4>(x, lane);
+    transpose_reduce_round<2, 2>(x, lane);
+    if constexpr (CG == 1) x[0] += __shfl_xor_sync(0xffffffffu, x[0], 1);
 #pragma unroll
     for (int off = CG; off < 32; off <<= 1) reduce_scalars(off);
     const float rk = L2 ? 1.f / sqrtf(nk + eps) : 1.f;
     const float fq = scale * (L2 ? 1.f / sqrtf(nq + eps) : 1.f);
     const float kqn = kq * rk * fq;
-    const int e = lane >> SH, c = e & (COLS - 1);
-    const int cg = lane & (CG - 1), spare = lane & ((1 << SH) - 1) & ~(CG - 1);
-    const float ue = be * (v4_of(c) - dec * x[0] * rk);  // u = beta (v - S'^T k^), e < COLS
+    const int e = lane >> 1, c = e & 7;
+    const int cg = CG == 2 ? (lane & 1) : 0;  // the lane of the pair that holds the column group
+    const float ue = be * (v4_of(c) - dec * x[0] * rk);  // u = beta (v - S'^T k^), e < 8
     const float uo = __shfl_xor_sync(0xffffffffu, ue, 16);
-    if (e >= COLS && spare == 0) store_o(c, dec * x[0] * fq + uo * kqn);  // o = S'^T q~ + u k^.q~
+    if (e >= 8 && (lane & 1) == cg)
+      store_o(c, dec * x[0] * fq + uo * kqn);  // o = S'^T q~ + u k^.q~
 #pragma unroll
-    for (int cc = 0; cc < COLS; ++cc) u[cc] = rk * __shfl_sync(0xffffffffu, ue, (cc << SH) | cg);
+    for (int cc = 0; cc < 8; ++cc) u[cc] = rk * __shfl_sync(0xffffffffu, ue, 2 * cc + cg);
   } else {
 #pragma unroll
     for (int off = CG; off < 32; off <<= 1) {

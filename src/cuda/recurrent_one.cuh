@@ -20,11 +20,6 @@
 
 namespace gdr::cuda::detail {
 
-// M consecutive values of one row (16-byte aligned) as floats: f32 as M / 4 float4 loads,
-// f16 / bf16 as M / 8 16-byte units.
-template <int M>
-__device__ __forceinline__ void load_slice(const char* p, int dtype, float* x);
-
 // Four consecutive values (8- or 16-byte aligned) as floats.
 __device__ __forceinline__ float4 load_four(const char* p, int dtype) {
   if (dtype == kF32) return __ldg(reinterpret_cast<const float4*>(p));
@@ -34,6 +29,8 @@ __device__ __forceinline__ float4 load_four(const char* p, int dtype) {
   return make_float4(x[0], x[1], x[2], x[3]);
 }
 
+// M consecutive values of one row (16-byte aligned) as floats: f32 as M / 4 float4 loads,
+// f16 / bf16 as M / 8 16-byte units; M = 4 as one load_four.
 template <int M>
 __device__ __forceinline__ void load_slice(const char* p, int dtype, float* x) {
   if constexpr (M == 4) {  // (the bf16-state tile at Dk = 64)
