@@ -52,6 +52,7 @@ struct Options {
   bool sweep_warps = false;
   bool paths = false;  // also time the staged and the one-token kernel
   int path = 0;        // for the whole run: 0 the launch rule, 1 staged, 2 one-token
+  bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -353,6 +354,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", opt.seed);
   app.add_flag("--sweep-warps", opt.sweep_warps, "also time 1, 2, 4, 8 warps per block");
   app.add_flag("--paths", opt.paths, "also time the staged and the one-token kernel");
+  app.add_flag("--prefetch-ab", opt.prefetch_ab,
+               "also time the launch rule without the next-wave L2 prefetch");
   app.add_option("--path", opt.path,
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token");
   app.add_option("--json", opt.json_path, "write the results here");
@@ -417,6 +420,15 @@ int main(int argc, char** argv) {
           }
           gdr::cuda::set_recurrent_path_override(opt.path);
         }
+        json prefetch = json::object();
+        if (opt.prefetch_ab) {  // the launch rule against the same without the prefetch
+          gdr::cuda::set_recurrent_prefetch_override(1);
+          prefetch["off"] = time_graph(s, sets, st, opt);
+          gdr::cuda::set_recurrent_prefetch_override(0);
+          prefetch["rule"] = time_graph(s, sets, st, opt);
+          std::printf("             next-wave prefetch off %9.2f us  rule %9.2f us\n",
+                      prefetch["off"].get<double>(), prefetch["rule"].get<double>());
+        }
         const double us = time_graph(s, sets, st, opt);
         const double copy_us = time_copy_graph(s, sets, st, opt);
         const double gbps = s.bytes() / (us * 1e-6) / 1e9;
@@ -448,6 +460,7 @@ int main(int argc, char** argv) {
              {"sets", ns},
              {"warps_sweep_us", sweep},
              {"paths_us", paths},
+             {"prefetch_us", prefetch},
              {"state_copy_same_size_us", copy_us},
              {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

@@ -11,7 +11,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -28,6 +31,7 @@ using detail::RecurrentArgs;
 
 std::atomic<int> g_warps_override{0};
 std::atomic<int> g_path_override{0};
+std::atomic<int> g_prefetch_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
@@ -37,6 +41,12 @@ static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);         // B = 8
 static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);        // B = 32
 static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);       // B = 128
+// Prefetch half a wave ahead: one-token B = 32 (4096 blocks, 1056 resident) yes, B = 8 no;
+// staged T = 8 at B = 32 (1024 blocks, 264 resident) no, B = 64 yes.
+static_assert(recurrent_prefetch_blocks(4096, 1056, true) == 528);
+static_assert(recurrent_prefetch_blocks(2048, 2112, true) == 0);
+static_assert(recurrent_prefetch_blocks(1024, 264, false) == 0);
+static_assert(recurrent_prefetch_blocks(2048, 264, false) == 132);
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -195,6 +205,35 @@ void check_common(const char* op, const Problem& prob, const TensorView& q, cons
   if (prob.Hv > INT_MAX / 2) refuse(op, "Hv is " + std::to_string(prob.Hv) + "; too large");
 }
 
+// Blocks of `kernel` resident at once on the device (one wave), for `threads` per block and
+// `smem` bytes of dynamic shared memory; asked once per (kernel, device, block shape).
+std::int64_t resident_blocks(const void* kernel, int threads, std::size_t smem, int device, int sms,
+                             const char* op) {
+  using Key = std::tuple<const void*, int, std::size_t, int>;
+  static std::mutex mutex;
+  static std::map<Key, int> cache;
+  const Key key{kernel, threads, smem, device};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return static_cast<std::int64_t>(it->second) * sms;
+  }
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), op,
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.emplace(key, per_sm);
+  return static_cast<std::int64_t>(per_sm) * sms;
+}
+
+// RecurrentArgs::prefetch_blocks by the rule (tuning.h) or the override; only 16-byte state rows.
+void set_prefetch(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, bool one_token) {
+  const int mode = g_prefetch_override.load(std::memory_order_relaxed);
+  std::int64_t ahead = mode == 2 ? 1 : recurrent_prefetch_blocks(blocks, resident, one_token);
+  if (mode == 1 || !a.vec_in || ahead > INT_MAX) ahead = 0;
+  a.prefetch_blocks = static_cast<int>(ahead);
+}
+
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
@@ -229,12 +268,17 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     constexpr int DK = decltype(dk)::value;
     if (one) {
       with_bool(per_key, [&](auto pk) {
+        auto run = [&](auto kernel) {
+          set_prefetch(a, blocks,
+                       resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, 0,
+                                       prob.device_index, sms, op),
+                       true);
+          kernel<<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
+        };
         if (a.state_bf16)
-          detail::recurrent_one_kernel<DK, decltype(pk)::value, true>
-              <<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
+          run(detail::recurrent_one_kernel<DK, decltype(pk)::value, true>);
         else
-          detail::recurrent_one_kernel<DK, decltype(pk)::value>
-              <<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
+          run(detail::recurrent_one_kernel<DK, decltype(pk)::value>);
       });
       return;
     }
@@ -245,8 +289,12 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
       with_bool(per_key, [&](auto pk) {
         static_assert(detail::Tile<DK, decltype(vf)::value>::kCW ==
                       recurrent_columns_per_warp(DK, decltype(vf)::value));
-        detail::recurrent_kernel<DK, decltype(vf)::value, decltype(pk)::value>
-            <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
+        auto kernel = detail::recurrent_kernel<DK, decltype(vf)::value, decltype(pk)::value>;
+        set_prefetch(a, blocks,
+                     resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, smem,
+                                     prob.device_index, sms, op),
+                     false);
+        kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
       });
     });
   });
@@ -257,6 +305,10 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
 
 void set_recurrent_warps_override(int warps) {
   g_warps_override.store(warps == 1 || warps == 2 || warps == 4 || warps == 8 ? warps : 0);
+}
+
+void set_recurrent_prefetch_override(int mode) {
+  g_prefetch_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_path_override(int path) {

@@ -86,6 +86,9 @@ struct RecurrentArgs {
   bool vec_o;     // o rows start on 16-byte boundaries with strides to match
   bool in_place;  // h_out is h_in (decode): a state left unchanged need not be stored
   bool state_bf16;  // decode: the pool holds bfloat16 (the one-token kernel only)
+  // > 0: block b also asks the L2 for the state of block b + prefetch_blocks, a block of the
+  // next wave (prefetch_state_of_block); 0: no prefetch.
+  int prefetch_blocks;
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
@@ -520,6 +523,48 @@ __device__ __forceinline__ void kfirst_token(float4 (&s)[M * COLS / 4], K4 k4, Q
   }
 }
 
+// Asks the L2 to fetch `bytes` (a multiple of 16) from the 16-byte aligned global address p;
+// no completion, no registers written (cp.async.bulk.prefetch, sm_90).
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
+#endif
+}
+
+// The next wave's state traffic started early (bench/NOTES-gpu.md, v25): block b asks the L2
+// for the state of block b + a.prefetch_blocks, which the hardware dispatches (blocks go out in
+// index order as resident ones retire) about half a block lifetime later when prefetch_blocks is
+// half a wave. Its loads then hit L2, and the DRAM stays busy while the resident blocks compute
+// instead of waiting on each block's serial load -> compute -> store. A head whose rows are
+// contiguous ([DK][Dv] k-first or [Dv][DK] v-first, no padding) is prefetched whole, by the
+// block holding its first columns, as one bulk prefetch; otherwise each block prefetches its own
+// rows (k-first: DK rows of cb * eb bytes; v-first: cb rows of DK * eb bytes; eb = bytes per
+// state element). Needs 16-byte aligned rows (RecurrentArgs::vec_in, checked on the host).
+template <int DK, bool VFIRST>
+__device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, int cb, int eb) {
+  const unsigned future = blockIdx.x + static_cast<unsigned>(a.prefetch_blocks);
+  if (future >= gridDim.x || !a.h_in) return;
+  const unsigned rest = future / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(future - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  std::int64_t row = nq;
+  if (a.state_indices) row = load_index(a.state_indices, row, a.idx_dtype);
+  if (row < 0 || row >= a.P) return;
+  const char* head = reinterpret_cast<const char*>(a.h_in) + eb * (row * a.hin_s0 + hv * a.hin_s1);
+  const std::int64_t dv = static_cast<std::int64_t>(a.splits) * cb;
+  if (a.hin_s2 == (VFIRST ? DK : dv)) {
+    if (split == 0 && threadIdx.x == 0) prefetch_l2(head, static_cast<unsigned>(DK * dv * eb));
+    return;
+  }
+  const int col0 = split * cb, rows = VFIRST ? cb : DK;
+  const unsigned bytes = static_cast<unsigned>((VFIRST ? DK : cb) * eb);
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const std::int64_t off = VFIRST ? (col0 + r) * a.hin_s2 : r * a.hin_s2 + col0;
+    prefetch_l2(head + eb * off, bytes);
+  }
+}
+
 // Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
 template <int DK, bool VFIRST, bool PERKEY>
 __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a) {
@@ -587,6 +632,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 #pragma unroll
     for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, VFIRST>(a, cb, 4);
 
   const int tc = a.tc;
   // Every array read as float4 starts at a multiple of 4 floats (Dk and cb are).

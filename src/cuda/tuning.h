@@ -60,4 +60,22 @@ void set_recurrent_warps_override(int warps);
 // kernel wherever recurrent_one_applies.
 void set_recurrent_path_override(int path);
 
+// The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block): how many blocks ahead a
+// block prefetches the state, 0 = none, for a grid of `blocks` of which `resident` run at once.
+// Measured on the H200 (bench/NOTES-gpu.md, v25; Hv = 32, Dk = Dv = 128, us off | on): half a
+// wave ahead is the best distance (a quarter, three quarters and a whole wave lose at some B);
+// the one-token kernel gains from B = 32 (3.9 waves: 40.4 | 39.1; B = 256: 293 | 276), the
+// staged kernel (T = 8) loses ~1 % at 3.9 waves (B = 32: 68.1 | 68.8) and gains from 7.8 (B = 64:
+// 128 | 124; B = 256: 464 | 435). Rule: half a wave, from 2 waves (one-token kernel) or from 6
+// waves (staged kernel).
+constexpr std::int64_t recurrent_prefetch_blocks(std::int64_t blocks, std::int64_t resident,
+                                                 bool one_token) {
+  const std::int64_t min_waves = one_token ? 2 : 6;
+  return resident >= 2 && blocks >= min_waves * resident ? resident / 2 : 0;
+}
+
+// Tests and benchmarks: the next-wave prefetch 1 = off, 2 = every block prefetches the next
+// block's state whatever the grid (exercises the address arithmetic); 0 restores the rule.
+void set_recurrent_prefetch_override(int mode);
+
 }  // namespace gdr::cuda

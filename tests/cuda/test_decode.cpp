@@ -12,6 +12,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/tuning.h"
@@ -49,17 +50,36 @@ const char* path_name(int path) {
   return path == 2 ? " [one-token path]" : " [staged path]";
 }
 
-void check_decode_path(const Case& c, std::int64_t P, bool indices, int path);
+// Sets the next-wave prefetch override for its lifetime (1 = off, 2 = every block prefetches
+// the next block's state).
+class PrefetchScope {
+ public:
+  explicit PrefetchScope(int mode) { cuda::set_recurrent_prefetch_override(mode); }
+  ~PrefetchScope() { cuda::set_recurrent_prefetch_override(0); }
+  PrefetchScope(const PrefetchScope&) = delete;
+  PrefetchScope& operator=(const PrefetchScope&) = delete;
+};
+
+void check_decode_path(const Case& c, std::int64_t P, bool indices, int path,
+                       std::int64_t state_pad);
 
 // One decode step on the GPU vs the reference, with each path; with indices, also checks bit
 // for bit that pool rows no sequence uses (and the skipped sequence's row) are untouched.
-void check_decode(const Case& c, std::int64_t P = 0, bool indices = false) {
-  for (int path : kPaths) check_decode_path(c, P, indices, path);
+// state_pad > 0: the pool's rows padded by that many elements (its last-but-one stride).
+void check_decode(const Case& c, std::int64_t P = 0, bool indices = false,
+                  std::int64_t state_pad = 0) {
+  for (int path : kPaths) check_decode_path(c, P, indices, path, state_pad);
 }
 
-void check_decode_path(const Case& c, std::int64_t P, bool indices, int path) {
+void check_decode_path(const Case& c, std::int64_t P, bool indices, int path,
+                       std::int64_t state_pad) {
   PathScope scope(path);
   DecodeData d = make_decode_problem(c, P, indices);
+  if (state_pad > 0) {
+    HostTensor padded(d.state.dtype(), d.state.shape(), state_pad);
+    padded.from_double(d.state.to_double());
+    d.state = std::move(padded);
+  }
   const std::string label =
       describe(d.base.c, d.base.seed) + (indices ? " pool" : "") + path_name(path);
   const std::vector<unsigned char> before(
@@ -197,6 +217,25 @@ TEST(CudaDecode, LargeBatch) {
     c.dtype = DType::bf16;
     check_decode(c);
   }
+}
+
+// The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block) forced on in every block,
+// for its successor's state whatever the grid: whole heads (contiguous pools, both layouts, pool
+// indices with a skipped sequence, a bf16 pool) and one prefetch per row (pools padded in the
+// last dim). A prefetch changes no result; this runs its address arithmetic on each kind of pool,
+// under compute-sanitizer in scripts/device-check.
+TEST(CudaDecode, NextWavePrefetch) {
+  REQUIRE_GPU();
+  PrefetchScope scope(2);
+  for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
+    for (std::int64_t pad : {0, 4}) {
+      Case c = decode_case(6, layout == StateLayout::k_first ? 1 : 2, 2, 4, 128);
+      c.layout = layout;
+      check_decode(c, 9, true, pad);
+    }
+  Case c = decode_case(6, 1, 2, 4, 64);
+  c.bf16_state = true;
+  check_decode(c, 9, true);
 }
 
 // A bfloat16 pool (one token, k-first): o as with an fp32 pool, the pool within the bf16
