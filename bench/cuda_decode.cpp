@@ -50,7 +50,7 @@ struct Options {
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
-  bool paths = false;  // also time the staged and the one-token kernel
+  bool paths = false;  // also time the staged (usual and narrow tile) and the one-token kernel
   int path = 0;        // for the whole run: 0 the launch rule, 1 staged, 2 one-token
   bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
   std::string json_path, dump_dir;
@@ -353,7 +353,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup);
   app.add_option("--seed", opt.seed);
   app.add_flag("--sweep-warps", opt.sweep_warps, "also time 1, 2, 4, 8 warps per block");
-  app.add_flag("--paths", opt.paths, "also time the staged and the one-token kernel");
+  app.add_flag("--paths", opt.paths,
+               "also time the staged kernel (usual and narrow tile) and the one-token kernel");
   app.add_flag("--prefetch-ab", opt.prefetch_ab,
                "also time the launch rule without the next-wave L2 prefetch");
   app.add_option("--path", opt.path,
@@ -414,7 +415,8 @@ int main(int argc, char** argv) {
         }
         json paths = json::object();
         if (opt.paths) {  // the staged and the one-token kernel, side by side
-          for (auto [path, name] : {std::pair<int, const char*>{1, "staged"}, {2, "one"}}) {
+          for (auto [path, name] :
+               {std::pair<int, const char*>{1, "staged"}, {2, "one"}, {3, "narrow"}}) {
             gdr::cuda::set_recurrent_path_override(path);
             paths[name] = time_graph(s, sets, st, opt);
           }
@@ -441,8 +443,9 @@ int main(int argc, char** argv) {
         std::printf("             same-size state copy %9.2f us (%5.1f%% of the 1 GiB copy rate)\n",
                     copy_us, 100.0 * 2.0 * s.state_bytes() / (copy_us * 1e-6) / copy_bw);
         if (opt.paths)
-          std::printf("             staged %9.2f us  one-token %9.2f us\n",
-                      paths["staged"].get<double>(), paths["one"].get<double>());
+          std::printf("             staged %9.2f us  one-token %9.2f us  narrow staged %9.2f us\n",
+                      paths["staged"].get<double>(), paths["one"].get<double>(),
+                      paths["narrow"].get<double>());
         rows.push_back(
             {{"B", B},
              {"T", T},

@@ -41,6 +41,10 @@ static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);         // B = 8
 static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);        // B = 32
 static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);       // B = 128
+// The narrow tile below two warps per SM: B = 1 (256 warps) yes, B = 2 (512) no.
+static_assert(recurrent_narrow_applies(32, 128, 128, false, 132));
+static_assert(!recurrent_narrow_applies(32 * 2, 128, 128, false, 132));
+static_assert(recurrent_warps_per_block(32, 8, 128, 128, false, 132, true) == 4);  // B = 1, T = 8
 // Prefetch half a wave ahead: one-token B = 32 (4096 blocks, 1056 resident) yes, B = 8 no;
 // staged T = 8 at B = 32 (1024 blocks, 264 resident) no, B = 64 yes.
 static_assert(recurrent_prefetch_blocks(4096, 1056, true) == 528);
@@ -246,14 +250,18 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
            "k_first state with 16-byte aligned q, k, v rows; got T=" +
                std::to_string(a.T) + ", state_layout=" + (v_first ? "v_first" : "k_first") +
                (a.vec_tok ? "" : ", unaligned rows") + " (use a float32 state)");
-  const bool one =
-      one_applies && (a.state_bf16 || g_path_override.load(std::memory_order_relaxed) != 1);
+  const int path = g_path_override.load(std::memory_order_relaxed);
+  const bool one = one_applies && (a.state_bf16 || path == 0 || path == 2);
   const int sms = sm_count(prob.device_index, op);
+  const bool narrow_exists = !one && !v_first && prob.Dk < 256;
+  const bool narrow =
+      narrow_exists &&
+      (path == 3 || (path == 0 && recurrent_narrow_applies(heads, prob.Dk, prob.Dv, v_first, sms)));
   int warps = g_warps_override.load(std::memory_order_relaxed);
-  const int cw = recurrent_columns_per_warp(prob.Dk, v_first);
+  const int cw = recurrent_columns_per_warp(prob.Dk, v_first, narrow);
   if (warps <= 0 || (prob.Dv / cw) % warps != 0)
     warps = one ? recurrent_one_warps_per_block(heads, prob.Dk, prob.Dv, sms)
-                : recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first, sms);
+                : recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first, sms, narrow);
   const std::int64_t splits = prob.Dv / (static_cast<std::int64_t>(warps) * cw);
   const std::int64_t blocks = heads * splits;
   if (blocks == 0) return;
@@ -285,16 +293,26 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     constexpr int TC = detail::Tile<DK, false>::kTC;
     a.tc = static_cast<int>(a.T < TC ? (a.T > 0 ? a.T : 1) : TC);
     const std::size_t smem = sizeof(float) * detail::shared_floats(DK, per_key, a.tc, warps * cw);
+    auto run = [&](auto kernel) {
+      set_prefetch(a, blocks,
+                   resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, smem,
+                                   prob.device_index, sms, op),
+                   false);
+      kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
+    };
     with_bool(v_first, [&](auto vf) {
       with_bool(per_key, [&](auto pk) {
-        static_assert(detail::Tile<DK, decltype(vf)::value>::kCW ==
-                      recurrent_columns_per_warp(DK, decltype(vf)::value));
-        auto kernel = detail::recurrent_kernel<DK, decltype(vf)::value, decltype(pk)::value>;
-        set_prefetch(a, blocks,
-                     resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, smem,
-                                     prob.device_index, sms, op),
-                     false);
-        kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
+        constexpr bool VF = decltype(vf)::value, PK = decltype(pk)::value;
+        static_assert(detail::Tile<DK, VF>::kCW == recurrent_columns_per_warp(DK, VF));
+        if constexpr (!VF && DK < 256) {
+          static_assert(detail::Tile<DK, false, true>::kCW ==
+                        recurrent_columns_per_warp(DK, false, true));
+          if (narrow) {
+            run(detail::recurrent_kernel<DK, false, PK, true>);
+            return;
+          }
+        }
+        run(detail::recurrent_kernel<DK, VF, PK>);
       });
     });
   });
@@ -312,7 +330,7 @@ void set_recurrent_prefetch_override(int mode) {
 }
 
 void set_recurrent_path_override(int path) {
-  g_path_override.store(path == 1 || path == 2 ? path : 0);
+  g_path_override.store(path >= 1 && path <= 3 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

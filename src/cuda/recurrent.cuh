@@ -185,17 +185,20 @@ __device__ __forceinline__ float softplus(float x) {
 }
 
 // Compile-time tile of one instantiation (see the header comment). A thread holds M float4:
-//   k-first: CW = 16 (8 at Dk = 256) columns per warp, M = Dk * CW / 128 (8 or 16);
+//   k-first: CW = 16 (8 at Dk = 256, or NARROW) columns per warp, M = Dk * CW / 128 (4 .. 16);
 //   v-first: LPC = Dk / 32 lanes per column (a 16-byte access per lane covers 4 keys),
 //            CW = 32 / LPC, M = 8.
 // Both keep the state plus the staged k (and q) values a thread reuses under 128 registers.
-template <int DK, bool VFIRST>
+// NARROW (k-first, Dk < 256): half the columns per warp, for grids of fewer than two warps per
+// SM (tuning.h, recurrent_narrow_applies): twice the warps, each with half the token loop's work
+// and one more butterfly level.
+template <int DK, bool VFIRST, bool NARROW = false>
 struct Tile {
-  static constexpr int kLPC = DK / 32;                                   // v-first
-  static constexpr int kCW = VFIRST ? 32 / kLPC : (DK == 256 ? 8 : 16);  // columns per warp
-  static constexpr int kM = DK * kCW / 128;                              // float4 per thread
-  static constexpr int kCG = kCW / 4, kRG = 32 / kCG;                    // k-first
-  static constexpr int kTC = DK == 256 ? 8 : 16;                         // tokens per chunk
+  static constexpr int kLPC = DK / 32;  // v-first
+  static constexpr int kCW = VFIRST ? 32 / kLPC : (DK == 256 || NARROW ? 8 : 16);
+  static constexpr int kM = DK * kCW / 128;            // float4 per thread
+  static constexpr int kCG = kCW / 4, kRG = 32 / kCG;  // k-first
+  static constexpr int kTC = DK == 256 ? 8 : 16;       // tokens per chunk
 };
 
 // Shared floats per block for `tc` staged tokens and `cb` value columns:
@@ -566,9 +569,9 @@ __device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, 
 }
 
 // Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
-template <int DK, bool VFIRST, bool PERKEY>
+template <int DK, bool VFIRST, bool PERKEY, bool NARROW = false>
 __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a) {
-  using Tl = Tile<DK, VFIRST>;
+  using Tl = Tile<DK, VFIRST, NARROW>;
   constexpr int CW = Tl::kCW, M = Tl::kM, CG = Tl::kCG, LPC = Tl::kLPC;
   constexpr int GW = PERKEY ? DK : 1;
   extern __shared__ float4 smem4[];

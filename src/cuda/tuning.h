@@ -6,10 +6,24 @@
 
 namespace gdr::cuda {
 
-// Value columns one warp owns (recurrent.cuh, Tile::kCW): k-first 16 (8 at Dk = 256), v-first
-// 32 / (Dk / 32), so that a thread keeps at most 64 state floats in registers.
-constexpr int recurrent_columns_per_warp(std::int64_t dk, bool v_first) {
-  return v_first ? static_cast<int>(32 / (dk / 32)) : (dk == 256 ? 8 : 16);
+// Value columns one warp owns (recurrent.cuh, Tile::kCW): k-first 16 (8 at Dk = 256 or with the
+// narrow tile), v-first 32 / (Dk / 32), so that a thread keeps at most 64 state floats in
+// registers.
+constexpr int recurrent_columns_per_warp(std::int64_t dk, bool v_first, bool narrow = false) {
+  return v_first ? static_cast<int>(32 / (dk / 32)) : (dk == 256 || narrow ? 8 : 16);
+}
+
+// The staged kernel's narrow k-first tile (8 columns per warp at Dk = 64 and 128) when the usual
+// tile gives fewer than two warps per SM: a lone warp's token loop is bound by its own
+// instruction count (bench/NOTES-gpu.md, v26), which the narrow tile halves. Measured on the H200
+// (v27, Hv = 32, Dk = Dv = 128, us usual | narrow): B = 1 (256 warps): T = 2 5.14 | 4.96, T = 8
+// 8.33 | 7.01, T = 16 12.9 | 10.7; B = 2 (512 warps): T = 2 6.21 | 6.54, T = 8 9.30 | 9.18;
+// B = 4: the narrow tile 1-9 % slower.
+constexpr bool recurrent_narrow_applies(std::int64_t heads, std::int64_t dk, std::int64_t dv,
+                                        bool v_first, int sm_count) {
+  return !v_first && dk < 256 &&
+         heads * (dv / recurrent_columns_per_warp(dk, false)) <
+             2 * static_cast<std::int64_t>(sm_count);
 }
 
 // Warps per block. The warps of a block share one staging of q, k (and the gates) per chunk,
@@ -20,8 +34,9 @@ constexpr int recurrent_columns_per_warp(std::int64_t dk, bool v_first) {
 // best at B = 1 and 8. Rule: 8 warps from T = 4 tokens, else 4; one step down (to 4 or to 1)
 // while that would leave fewer than two blocks per SM; never more than Dv / CW.
 constexpr int recurrent_warps_per_block(std::int64_t heads, std::int64_t tokens, std::int64_t dk,
-                                        std::int64_t dv, bool v_first, int sm_count) {
-  const std::int64_t warps_per_head = dv / recurrent_columns_per_warp(dk, v_first);
+                                        std::int64_t dv, bool v_first, int sm_count,
+                                        bool narrow = false) {
+  const std::int64_t warps_per_head = dv / recurrent_columns_per_warp(dk, v_first, narrow);
   const std::int64_t big = tokens >= 4 ? 8 : 4, small = tokens >= 4 ? 4 : 1;
   std::int64_t w = heads * (warps_per_head / (big < warps_per_head ? big : warps_per_head)) >=
                            2 * static_cast<std::int64_t>(sm_count)
@@ -56,8 +71,10 @@ constexpr int recurrent_one_warps_per_block(std::int64_t heads, std::int64_t dk,
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).
 void set_recurrent_warps_override(int warps);
 
-// Tests and benchmarks: 1 = always the staged kernel (recurrent.cuh); 2 or 0 = the one-token
-// kernel wherever recurrent_one_applies.
+// Tests and benchmarks: 1 = always the staged kernel (recurrent.cuh) with its usual tile; 2 = the
+// one-token kernel wherever recurrent_one_applies, the usual staged tile elsewhere; 3 = the staged
+// kernel with the narrow tile wherever it exists (k-first, Dk < 256), the usual tile elsewhere;
+// 0 = the rules.
 void set_recurrent_path_override(int path);
 
 // The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block): how many blocks ahead a

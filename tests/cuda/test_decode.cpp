@@ -3,9 +3,10 @@
 // against the float64 CPU reference on the same (rounded) inputs, SPEC Section 7 bounds:
 // fp32 inputs < 1e-5, bf16/fp16 inputs < 5e-3, for o and the state. Outputs are poisoned
 // (NaN) before every call; fresh random inputs every run (the seed is in each message). Every
-// case runs with both kernels, the staged one (recurrent.cuh) and, where it applies (one token,
-// k-first state, aligned rows), the one-token kernel (recurrent_one.cuh), through
-// src/cuda/tuning.h's path override.
+// case runs through every kernel: the staged one (recurrent.cuh) with its usual tile and, on a
+// k-first state with Dk < 256, with its narrow tile, and, where it applies (one token, k-first
+// state, aligned rows), the one-token kernel (recurrent_one.cuh), through src/cuda/tuning.h's path
+// override.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,7 +37,7 @@ Case decode_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t H
 }
 
 // Forces one path of the recurrent kernel for its lifetime (1 = staged, 2 = one-token where it
-// applies).
+// applies, 3 = staged with the narrow tile where it exists: k-first, Dk < 256).
 class PathScope {
  public:
   explicit PathScope(int path) { cuda::set_recurrent_path_override(path); }
@@ -45,9 +46,9 @@ class PathScope {
   PathScope& operator=(const PathScope&) = delete;
 };
 
-constexpr int kPaths[] = {1, 2};
+constexpr int kPaths[] = {1, 2, 3};
 const char* path_name(int path) {
-  return path == 2 ? " [one-token path]" : " [staged path]";
+  return path == 2 ? " [one-token path]" : (path == 3 ? " [narrow staged path]" : " [staged path]");
 }
 
 // Sets the next-wave prefetch override for its lifetime (1 = off, 2 = every block prefetches
