@@ -51,7 +51,7 @@ struct Options {
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
   bool paths = false;  // also time the staged (usual and narrow tile) and the one-token kernel
-  int path = 0;        // for the whole run: 0 the launch rule, 1 staged, 2 one-token
+  int path = 0;  // for the whole run: 0 the launch rule, 1 staged, 2 one-token, 3 narrow staged
   bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
   app.add_flag("--prefetch-ab", opt.prefetch_ab,
                "also time the launch rule without the next-wave L2 prefetch");
   app.add_option("--path", opt.path,
-                 "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token");
+                 "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged");
   app.add_option("--json", opt.json_path, "write the results here");
   app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
   app.add_option("--dump-b", opt.dump_B);
@@ -414,7 +414,7 @@ int main(int argc, char** argv) {
           gdr::cuda::set_recurrent_warps_override(0);
         }
         json paths = json::object();
-        if (opt.paths) {  // the staged and the one-token kernel, side by side
+        if (opt.paths) {  // the staged (usual, narrow tile) and the one-token kernel, side by side
           for (auto [path, name] :
                {std::pair<int, const char*>{1, "staged"}, {2, "one"}, {3, "narrow"}}) {
             gdr::cuda::set_recurrent_path_override(path);

@@ -1,8 +1,8 @@
 // Host side of the CUDA recurrent kernel (recurrent.cuh): gdr::cuda::decode (state pool
 // updated in place) and gdr::cuda::recurrent_forward (h0 -> final_state, any T, varlen).
 // Instantiated for Dk in {64, 128, 256}, both state layouts and both gate kinds (12 kernels),
-// plus the one-token kernel (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16
-// state pool, 12 kernels);
+// the narrow k-first tile at Dk 64 and 128 (4 kernels), plus the one-token kernel
+// (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels);
 // Dv (64, 128, 256), dtypes and the fused options are run-time values (the dtypes and options
 // are read in the per-chunk staging code only).
 #include <cuda_runtime.h>
