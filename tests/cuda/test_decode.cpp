@@ -222,8 +222,8 @@ TEST(CudaDecode, LargeBatch) {
 
 // The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block) forced on in every block,
 // for its successor's state whatever the grid: whole heads (contiguous pools, both layouts, pool
-// indices with a skipped sequence, a bf16 pool) and one prefetch per row (pools padded in the
-// last dim). A prefetch changes no result; this runs its address arithmetic on each kind of pool,
+// indices with a skipped sequence, heads of 64 KB and 256 KB, a bf16 pool) and one prefetch per
+// row (pools padded in the last dim). A prefetch changes no result; this runs its address arithmetic on each kind of pool,
 // under compute-sanitizer in scripts/device-check.
 TEST(CudaDecode, NextWavePrefetch) {
   REQUIRE_GPU();
@@ -234,6 +234,11 @@ TEST(CudaDecode, NextWavePrefetch) {
       c.layout = layout;
       check_decode(c, 9, true, pad);
     }
+  for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first}) {  // 256 KB heads
+    Case c = decode_case(3, layout == StateLayout::k_first ? 1 : 2, 1, 2, 256);
+    c.layout = layout;
+    check_decode(c, 5, true);
+  }
   Case c = decode_case(6, 1, 2, 4, 64);
   c.bf16_state = true;
   check_decode(c, 9, true);
