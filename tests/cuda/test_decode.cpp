@@ -36,30 +36,25 @@ Case decode_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t H
   return c;
 }
 
-// Forces one path of the recurrent kernel for its lifetime (1 = staged, 2 = one-token where it
-// applies, 3 = staged with the narrow tile where it exists: k-first, Dk < 256).
-class PathScope {
+// Sets one of src/cuda/tuning.h's overrides for its lifetime, then restores the rule (0).
+template <void (*Set)(int)>
+class OverrideScope {
  public:
-  explicit PathScope(int path) { cuda::set_recurrent_path_override(path); }
-  ~PathScope() { cuda::set_recurrent_path_override(0); }
-  PathScope(const PathScope&) = delete;
-  PathScope& operator=(const PathScope&) = delete;
+  explicit OverrideScope(int value) { Set(value); }
+  ~OverrideScope() { Set(0); }
+  OverrideScope(const OverrideScope&) = delete;
+  OverrideScope& operator=(const OverrideScope&) = delete;
 };
+// The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
+// where it exists (k-first, Dk < 256).
+using PathScope = OverrideScope<cuda::set_recurrent_path_override>;
+// The next-wave prefetch: 1 = off, 2 = every block prefetches the next block's state.
+using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 
 constexpr int kPaths[] = {1, 2, 3};
 const char* path_name(int path) {
   return path == 2 ? " [one-token path]" : (path == 3 ? " [narrow staged path]" : " [staged path]");
 }
-
-// Sets the next-wave prefetch override for its lifetime (1 = off, 2 = every block prefetches
-// the next block's state).
-class PrefetchScope {
- public:
-  explicit PrefetchScope(int mode) { cuda::set_recurrent_prefetch_override(mode); }
-  ~PrefetchScope() { cuda::set_recurrent_prefetch_override(0); }
-  PrefetchScope(const PrefetchScope&) = delete;
-  PrefetchScope& operator=(const PrefetchScope&) = delete;
-};
 
 void check_decode_path(const Case& c, std::int64_t P, bool indices, int path,
                        std::int64_t state_pad);
