@@ -272,34 +272,29 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const int values_per_unit = 16 / dtype_size(prob.dtype);
   a.vec_tok = a.vec_tok && (warps * cw) % values_per_unit == 0;
   const bool per_key = prob.gate == GateKind::per_key;
+  // Launches `kernel` with `smem` bytes of dynamic shared memory, the next-wave prefetch set by
+  // its rule for this grid.
+  auto run = [&](auto kernel, std::size_t smem) {
+    set_prefetch(a, blocks,
+                 resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, smem,
+                                 prob.device_index, sms, op),
+                 one);
+    kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
+  };
   with_dim(prob.Dk, [&](auto dk) {
     constexpr int DK = decltype(dk)::value;
     if (one) {
       with_bool(per_key, [&](auto pk) {
-        auto run = [&](auto kernel) {
-          set_prefetch(a, blocks,
-                       resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, 0,
-                                       prob.device_index, sms, op),
-                       true);
-          kernel<<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(a);
-        };
         if (a.state_bf16)
-          run(detail::recurrent_one_kernel<DK, decltype(pk)::value, true>);
+          run(detail::recurrent_one_kernel<DK, decltype(pk)::value, true>, 0);
         else
-          run(detail::recurrent_one_kernel<DK, decltype(pk)::value>);
+          run(detail::recurrent_one_kernel<DK, decltype(pk)::value>, 0);
       });
       return;
     }
     constexpr int TC = detail::Tile<DK, false>::kTC;
     a.tc = static_cast<int>(a.T < TC ? (a.T > 0 ? a.T : 1) : TC);
     const std::size_t smem = sizeof(float) * detail::shared_floats(DK, per_key, a.tc, warps * cw);
-    auto run = [&](auto kernel) {
-      set_prefetch(a, blocks,
-                   resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, smem,
-                                   prob.device_index, sms, op),
-                   false);
-      kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
-    };
     with_bool(v_first, [&](auto vf) {
       with_bool(per_key, [&](auto pk) {
         constexpr bool VF = decltype(vf)::value, PK = decltype(pk)::value;
@@ -308,11 +303,11 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
           static_assert(detail::Tile<DK, false, true>::kCW ==
                         recurrent_columns_per_warp(DK, false, true));
           if (narrow) {
-            run(detail::recurrent_kernel<DK, false, PK, true>);
+            run(detail::recurrent_kernel<DK, false, PK, true>, smem);
             return;
           }
         }
-        run(detail::recurrent_kernel<DK, VF, PK>);
+        run(detail::recurrent_kernel<DK, VF, PK>, smem);
       });
     });
   });
