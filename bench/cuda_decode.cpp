@@ -53,6 +53,7 @@ struct Options {
   bool paths = false;  // also time the staged (usual and narrow tile) and the one-token kernel
   int path = 0;  // for the whole run: 0 the launch rule, 1 staged, 2 one-token, 3 narrow staged
   bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
+  std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -357,6 +358,7 @@ int main(int argc, char** argv) {
                "also time the staged kernel (usual and narrow tile) and the one-token kernel");
   app.add_flag("--prefetch-ab", opt.prefetch_ab,
                "also time the launch rule without the next-wave L2 prefetch");
+  app.add_option("--prefetch-modes", opt.prefetch_modes, "also time these prefetch override modes");
   app.add_option("--path", opt.path,
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged");
   app.add_option("--json", opt.json_path, "write the results here");
@@ -430,6 +432,12 @@ int main(int argc, char** argv) {
           prefetch["rule"] = time_graph(s, sets, st, opt);
           std::printf("             next-wave prefetch off %9.2f us  rule %9.2f us\n",
                       prefetch["off"].get<double>(), prefetch["rule"].get<double>());
+        }
+        for (int mode : opt.prefetch_modes) {
+          gdr::cuda::set_recurrent_prefetch_override(mode);
+          std::printf("             prefetch mode %d %9.2f us\n", mode,
+                      time_graph(s, sets, st, opt));
+          gdr::cuda::set_recurrent_prefetch_override(0);
         }
         const double us = time_graph(s, sets, st, opt);
         const double copy_us = time_copy_graph(s, sets, st, opt);

@@ -51,6 +51,11 @@ static_assert(recurrent_prefetch_blocks(4096, 1056, true) == 528);
 static_assert(recurrent_prefetch_blocks(2048, 2112, true) == 0);
 static_assert(recurrent_prefetch_blocks(1024, 264, false) == 0);
 static_assert(recurrent_prefetch_blocks(2048, 264, false) == 132);
+// The first wave one wave ahead: one-token B = 16 (4096 blocks of one warp, 2112 resident) yes,
+// B = 8 (one wave) and B = 32 (4096 blocks, 1056 resident) no.
+static_assert(recurrent_prefetch_wave(4096, 2112, true) == 2112);
+static_assert(recurrent_prefetch_wave(2048, 2112, true) == 0);
+static_assert(recurrent_prefetch_wave(4096, 1056, true) == 0);
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -230,12 +235,21 @@ std::int64_t resident_blocks(const void* kernel, int threads, std::size_t smem, 
   return static_cast<std::int64_t>(per_sm) * sms;
 }
 
-// RecurrentArgs::prefetch_blocks by the rule (tuning.h) or the override; only 16-byte state rows.
+// RecurrentArgs::prefetch_blocks and prefetch_wave by the rules (tuning.h) or the override; only
+// 16-byte state rows.
 void set_prefetch(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, bool one_token) {
   const int mode = g_prefetch_override.load(std::memory_order_relaxed);
-  std::int64_t ahead = mode == 2 ? 1 : recurrent_prefetch_blocks(blocks, resident, one_token);
-  if (mode == 1 || !a.vec_in || ahead > INT_MAX) ahead = 0;
+  std::int64_t ahead = recurrent_prefetch_blocks(blocks, resident, one_token);
+  std::int64_t wave = recurrent_prefetch_wave(blocks, resident, one_token);
+  if (mode == 2) {  // block 0 through the first-wave distance, the others through the other
+    ahead = wave = 1;
+  } else if (mode == 3 && blocks > resident && resident >= 2) {
+    ahead = resident / 2;
+    wave = resident;
+  }
+  if (mode == 1 || !a.vec_in || ahead > INT_MAX || wave > INT_MAX) ahead = wave = 0;
   a.prefetch_blocks = static_cast<int>(ahead);
+  a.prefetch_wave = static_cast<int>(wave);
 }
 
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
@@ -321,7 +335,7 @@ void set_recurrent_warps_override(int warps) {
 }
 
 void set_recurrent_prefetch_override(int mode) {
-  g_prefetch_override.store(mode == 1 || mode == 2 ? mode : 0);
+  g_prefetch_override.store(mode >= 1 && mode <= 3 ? mode : 0);
 }
 
 void set_recurrent_path_override(int path) {

@@ -86,9 +86,11 @@ struct RecurrentArgs {
   bool vec_o;     // o rows start on 16-byte boundaries with strides to match
   bool in_place;  // h_out is h_in (decode): a state left unchanged need not be stored
   bool state_bf16;  // decode: the pool holds bfloat16 (the one-token kernel only)
-  // > 0: block b also asks the L2 for the state of block b + prefetch_blocks, a block of the
-  // next wave (prefetch_state_of_block); 0: no prefetch.
+  // The next-wave L2 prefetch (prefetch_state_of_block): block b also asks the L2 for the state
+  // of block b + prefetch_wave when b < prefetch_wave (a first-wave block, one wave ahead), else
+  // of block b + prefetch_blocks (half a wave ahead); a distance of 0: no prefetch.
   int prefetch_blocks;
+  int prefetch_wave;
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
@@ -534,19 +536,23 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// The next wave's state traffic started early (bench/NOTES-gpu.md, v25): block b asks the L2
-// for the state of block b + a.prefetch_blocks, which the hardware dispatches (blocks go out in
+// The next wave's state traffic started early (bench/NOTES-gpu.md, v25, v28): block b asks the
+// L2 for the state of block b + a.prefetch_blocks, which the hardware dispatches (blocks go out in
 // index order as resident ones retire) about half a block lifetime later when prefetch_blocks is
 // half a wave. Its loads then hit L2, and the DRAM stays busy while the resident blocks compute
-// instead of waiting on each block's serial load -> compute -> store. A head whose rows are
+// instead of waiting on each block's serial load -> compute -> store. In a grid of one to two
+// waves, the first wave's blocks (b < a.prefetch_wave) prefetch the block one wave ahead: the
+// whole second wave. A head whose rows are
 // contiguous ([DK][Dv] k-first or [Dv][DK] v-first, no padding) is prefetched whole, by the
 // block holding its first columns, as one bulk prefetch; otherwise each block prefetches its own
 // rows (k-first: DK rows of cb * eb bytes; v-first: cb rows of DK * eb bytes; eb = bytes per
 // state element). Needs 16-byte aligned rows (RecurrentArgs::vec_in, checked on the host).
 template <int DK, bool VFIRST>
 __device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, int cb, int eb) {
-  const unsigned future = blockIdx.x + static_cast<unsigned>(a.prefetch_blocks);
-  if (future >= gridDim.x || !a.h_in) return;
+  const unsigned first = static_cast<unsigned>(a.prefetch_wave);
+  const unsigned ahead = blockIdx.x < first ? first : static_cast<unsigned>(a.prefetch_blocks);
+  const unsigned future = blockIdx.x + ahead;
+  if (ahead == 0 || future >= gridDim.x || !a.h_in) return;
   const unsigned rest = future / static_cast<unsigned>(a.splits);
   const int split = static_cast<int>(future - rest * static_cast<unsigned>(a.splits));
   const unsigned nq = rest / static_cast<unsigned>(a.Hv);
@@ -635,7 +641,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 #pragma unroll
     for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, VFIRST>(a, cb, 4);
+  if (a.prefetch_blocks > 0 || a.prefetch_wave > 0) prefetch_state_of_block<DK, VFIRST>(a, cb, 4);
 
   const int tc = a.tc;
   // Every array read as float4 starts at a multiple of 4 floats (Dk and cb are).

@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
 #pragma unroll
     for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, false>(a, nwarps * CW, BF16STATE ? 2 : 4);
+  if (a.prefetch_blocks > 0 || a.prefetch_wave > 0)
+    prefetch_state_of_block<DK, false>(a, nwarps * CW, BF16STATE ? 2 : 4);
 
   // A masked token: o = 0 and the state unchanged (stored again only where the output state is
   // another tensor, as gdr::forward's final_state; decode in place has nothing to write).

@@ -91,8 +91,22 @@ constexpr std::int64_t recurrent_prefetch_blocks(std::int64_t blocks, std::int64
   return resident >= 2 && blocks >= min_waves * resident ? resident / 2 : 0;
 }
 
+// The first wave's prefetch distance (0 = none) for a grid of one to two waves, where half a
+// wave ahead has nothing to cover: the first wave's blocks prefetch one wave ahead, i.e. the
+// whole second wave (at most a wave of state in L2 besides the first wave's). Measured on the
+// H200 (bench/NOTES-gpu.md, v28; Hv = 32, Dk = Dv = 128, us rule | first wave one wave ahead and
+// the rest half a wave): one-token kernel, B = 16 (1.94 waves) 22.6 | 21.7; at 2.9 waves and more
+// the same first-wave distance loses 1-3 % to the half-wave rule (B = 24 29.9 | 30.5, B = 32
+// 38.9 | 40.0, B = 64 72.7 | 74.1). Rule: one to two waves, one-token kernel (PROVISIONAL).
+constexpr std::int64_t recurrent_prefetch_wave(std::int64_t blocks, std::int64_t resident,
+                                               bool one_token) {
+  return one_token && resident >= 2 && blocks > resident && blocks < 2 * resident ? resident : 0;
+}
+
 // Tests and benchmarks: the next-wave prefetch 1 = off, 2 = every block prefetches the next
-// block's state whatever the grid (exercises the address arithmetic); 0 restores the rule.
+// block's state whatever the grid (exercises the address arithmetic of both distances);
+// 3 (experiments) = the first wave one wave ahead and the rest half a wave, whatever the kernel,
+// from more than one wave; 0 restores the rules.
 void set_recurrent_prefetch_override(int mode);
 
 }  // namespace gdr::cuda

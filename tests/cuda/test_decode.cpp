@@ -48,7 +48,8 @@ class OverrideScope {
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256).
 using PathScope = OverrideScope<cuda::set_recurrent_path_override>;
-// The next-wave prefetch: 1 = off, 2 = every block prefetches the next block's state.
+// The next-wave prefetch: 1 = off, 2 = every block prefetches the next block's state (block 0
+// through the first wave's distance, the others through the half-wave one).
 using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 
 constexpr int kPaths[] = {1, 2, 3};
@@ -218,8 +219,8 @@ TEST(CudaDecode, LargeBatch) {
 // The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block) forced on in every block,
 // for its successor's state whatever the grid: whole heads (contiguous pools, both layouts, pool
 // indices with a skipped sequence, heads of 64 KB and 256 KB, a bf16 pool) and one prefetch per
-// row (pools padded in the last dim). A prefetch changes no result; this runs its address arithmetic on each kind of pool,
-// under compute-sanitizer in scripts/device-check.
+// row (pools padded in the last dim). A prefetch changes no result; this runs its address
+// arithmetic on each kind of pool, under compute-sanitizer in scripts/device-check.
 TEST(CudaDecode, NextWavePrefetch) {
   REQUIRE_GPU();
   PrefetchScope scope(2);
