@@ -286,12 +286,11 @@ __device__ __forceinline__ void store_scalars(const RecurrentArgs& a, int cnt, f
   }
 }
 
-// Fast path (a.vec_tok): q, k, v rows (and per-key g rows) move as 16-byte units, INFLIGHT units
-// in flight per thread before any shared store (each round of the loop is a global round trip:
-// the narrow tile's small blocks take 4 to stage 8 tokens in one round). Unit f of the chunk: q
-// units [0, u_k), k units [u_k, u_v), v units [u_v, u_g), per-key g units [u_g, u_end); within an
-// array, unit e is token e >> l, 16-byte word e & (2^l - 1) of that token's row.
-template <int DK, bool PERKEY, int INFLIGHT = 2>
+// Fast path (a.vec_tok): q, k, v rows (and per-key g rows) move as 16-byte units, two units in
+// flight per thread before any shared store. Unit f of the chunk: q units [0, u_k), k units
+// [u_k, u_v), v units [u_v, u_g), per-key g units [u_g, u_end); within an array, unit e is
+// token e >> l, 16-byte word e & (2^l - 1) of that token's row.
+template <int DK, bool PERKEY>
 __device__ __forceinline__ void stage_units(const RecurrentArgs& a, const BlockRows& r, int cnt,
                                             std::int64_t tb, int cb, float A, const float* dtb,
                                             float* qs, float* ks, float* vs, float* gs, float* bs,
@@ -306,10 +305,10 @@ __device__ __forceinline__ void stage_units(const RecurrentArgs& a, const BlockR
   const int u_end = u_g + (PERKEY ? cnt << lg : 0);
   float xs[2];
   load_scalars<PERKEY>(a, r, cnt, tb, xs);
-  for (int f0 = threadIdx.x; f0 < u_end; f0 += INFLIGHT * blockDim.x) {
-    uint4 u[INFLIGHT];
+  for (int f0 = threadIdx.x; f0 < u_end; f0 += 2 * blockDim.x) {
+    uint4 u[2];
 #pragma unroll
-    for (int j = 0; j < INFLIGHT; ++j) {
+    for (int j = 0; j < 2; ++j) {
       const int f = f0 + j * blockDim.x;
       if (f >= u_end) continue;
       const bool in_q = f < u_k, in_k = f < u_v, in_v = f < u_g;
@@ -321,7 +320,7 @@ __device__ __forceinline__ void stage_units(const RecurrentArgs& a, const BlockR
           reinterpret_cast<const uint4*>(p + (tb + (e >> l)) * ts + 16 * (e & ((1 << l) - 1))));
     }
 #pragma unroll
-    for (int j = 0; j < INFLIGHT; ++j) {
+    for (int j = 0; j < 2; ++j) {
       const int f = f0 + j * blockDim.x;
       if (f >= u_end) continue;
       float x[8];
@@ -672,7 +671,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
     const int cnt = static_cast<int>(len - tb < tc ? len - tb : tc);
     if (tb > 0) __syncthreads();  // the previous chunk's readers are done
     if (a.vec_tok) {
-      stage_units<DK, PERKEY, NARROW ? 4 : 2>(a, rows, cnt, tb, cb, A, dtb, qs, ks, vs, gs, bs, ms);
+      stage_units<DK, PERKEY>(a, rows, cnt, tb, cb, A, dtb, qs, ks, vs, gs, bs, ms);
     } else {
       stage_elements<DK, PERKEY>(a, rows, t0, cnt, b, t0 + tb, hv, hk, col0, cb, A, dtb, qs, ks, vs,
                                  gs, bs, ms);
