@@ -54,6 +54,7 @@ struct Options {
   int path = 0;  // for the whole run: 0 the launch rule, 1 staged, 2 one-token, 3 narrow staged
   bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
   std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
+  bool load_ab = false;  // also time the one-token kernel's state loads with each cache policy
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -359,6 +360,9 @@ int main(int argc, char** argv) {
   app.add_flag("--prefetch-ab", opt.prefetch_ab,
                "also time the launch rule without the next-wave L2 prefetch");
   app.add_option("--prefetch-modes", opt.prefetch_modes, "also time these prefetch override modes");
+  app.add_flag("--load-ab", opt.load_ab,
+               "also time the one-token kernel's state loads evict-first and with the default "
+               "cache policy");
   app.add_option("--path", opt.path,
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged");
   app.add_option("--json", opt.json_path, "write the results here");
@@ -424,7 +428,7 @@ int main(int argc, char** argv) {
           }
           gdr::cuda::set_recurrent_path_override(opt.path);
         }
-        json prefetch = json::object();
+        json prefetch = json::object(), load_policy = json::object();
         if (opt.prefetch_ab) {  // the launch rule against the same without the prefetch
           gdr::cuda::set_recurrent_prefetch_override(1);
           prefetch["off"] = time_graph(s, sets, st, opt);
@@ -432,6 +436,17 @@ int main(int argc, char** argv) {
           prefetch["rule"] = time_graph(s, sets, st, opt);
           std::printf("             next-wave prefetch off %9.2f us  rule %9.2f us\n",
                       prefetch["off"].get<double>(), prefetch["rule"].get<double>());
+        }
+        if (opt.load_ab) {
+          double t[2];
+          for (int mode : {1, 2}) {
+            gdr::cuda::set_recurrent_load_override(mode);
+            t[mode - 1] = time_graph(s, sets, st, opt);
+          }
+          gdr::cuda::set_recurrent_load_override(0);
+          std::printf("             state loads evict-first %9.2f us  default policy %9.2f us\n",
+                      t[0], t[1]);
+          load_policy = {{"evict_first", t[0]}, {"default", t[1]}};
         }
         for (int mode : opt.prefetch_modes) {
           gdr::cuda::set_recurrent_prefetch_override(mode);
@@ -472,6 +487,7 @@ int main(int argc, char** argv) {
              {"warps_sweep_us", sweep},
              {"paths_us", paths},
              {"prefetch_us", prefetch},
+             {"load_policy_us", load_policy},
              {"state_copy_same_size_us", copy_us},
              {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

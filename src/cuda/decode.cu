@@ -32,6 +32,7 @@ using detail::RecurrentArgs;
 std::atomic<int> g_warps_override{0};
 std::atomic<int> g_path_override{0};
 std::atomic<int> g_prefetch_override{0};
+std::atomic<int> g_load_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
@@ -56,6 +57,10 @@ static_assert(recurrent_prefetch_blocks(2048, 264, false) == 132);
 static_assert(recurrent_prefetch_wave(4096, 2112, true) == 2112);
 static_assert(recurrent_prefetch_wave(2048, 2112, true) == 0);
 static_assert(recurrent_prefetch_wave(4096, 1056, true) == 0);
+// The default load policy from 8 waves: one-token B = 128 (8192 blocks, 528 resident) yes, B = 32
+// (4096 blocks, 1056 resident) no.
+static_assert(recurrent_one_loads_normal(8192, 528));
+static_assert(!recurrent_one_loads_normal(4096, 1056));
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -252,6 +257,13 @@ void set_prefetch(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, 
   a.prefetch_wave = static_cast<int>(wave);
 }
 
+// RecurrentArgs::state_ld_normal by the rule (tuning.h) or the override; the one-token kernel only.
+void set_load_policy(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, bool one_token) {
+  const int mode = g_load_override.load(std::memory_order_relaxed);
+  a.state_ld_normal =
+      one_token && (mode == 2 || (mode == 0 && recurrent_one_loads_normal(blocks, resident)));
+}
+
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
@@ -289,10 +301,10 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   // Launches `kernel` with `smem` bytes of dynamic shared memory, the next-wave prefetch set by
   // its rule for this grid.
   auto run = [&](auto kernel, std::size_t smem) {
-    set_prefetch(a, blocks,
-                 resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32, smem,
-                                 prob.device_index, sms, op),
-                 one);
+    const std::int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32,
+                                                  smem, prob.device_index, sms, op);
+    set_prefetch(a, blocks, resident, one);
+    set_load_policy(a, blocks, resident, one);
     kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
   };
   with_dim(prob.Dk, [&](auto dk) {
@@ -336,6 +348,10 @@ void set_recurrent_warps_override(int warps) {
 
 void set_recurrent_prefetch_override(int mode) {
   g_prefetch_override.store(mode >= 1 && mode <= 3 ? mode : 0);
+}
+
+void set_recurrent_load_override(int mode) {
+  g_load_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_path_override(int path) {

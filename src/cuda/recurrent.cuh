@@ -91,6 +91,9 @@ struct RecurrentArgs {
   // of block b + prefetch_blocks (half a wave ahead); a distance of 0: no prefetch.
   int prefetch_blocks;
   int prefetch_wave;
+  // The one-token kernel's 16-byte state loads with the default cache policy instead of
+  // evict-first (tuning.h, recurrent_one_loads_normal).
+  bool state_ld_normal;
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
@@ -141,9 +144,14 @@ __device__ __forceinline__ std::int64_t load_index(const void* p, std::int64_t i
                        : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p)[i]);
 }
 
-// Four consecutive floats; one 16-byte access when the row is 16-byte aligned.
+// Four consecutive floats; one 16-byte access when the row is 16-byte aligned, by default with
+// the evict-first hint (ld.global.cs: the state is read once per call); EVICT_FIRST = false: the
+// default cache policy (RecurrentArgs::state_ld_normal).
+template <bool EVICT_FIRST = true>
 __device__ __forceinline__ float4 load4(const float* p, bool vec) {
-  if (vec) return __ldcs(reinterpret_cast<const float4*>(p));
+  if (vec)
+    return EVICT_FIRST ? __ldcs(reinterpret_cast<const float4*>(p))
+                       : *reinterpret_cast<const float4*>(p);
   return make_float4(p[0], p[1], p[2], p[3]);
 }
 __device__ __forceinline__ void store4(float* p, float4 x, bool vec) {

@@ -57,13 +57,15 @@ __device__ __forceinline__ void load_slice(const char* p, int dtype, float* x) {
   }
 }
 
-// A bf16 state row slice of 8 values: loaded as floats (one 16-byte access when `vec`), stored
-// rounded to nearest even.
+// A bf16 state row slice of 8 values: loaded as floats (one 16-byte access when `vec`, with the
+// evict-first hint or the default policy, as load4), stored rounded to nearest even.
+template <bool EVICT_FIRST = true>
 __device__ __forceinline__ void load8_bf16(const __nv_bfloat16* p, bool vec, float4& lo,
                                            float4& hi) {
   float x[8];
   if (vec) {
-    unit_to_float(__ldcs(reinterpret_cast<const uint4*>(p)), kBF16, x);
+    const auto* u = reinterpret_cast<const uint4*>(p);
+    unit_to_float(EVICT_FIRST ? __ldcs(u) : *u, kBF16, x);
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(p[i]);
@@ -129,7 +131,11 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   if constexpr (BF16STATE) {
     const auto* base = reinterpret_cast<const __nv_bfloat16*>(a.h_in) + row * a.hin_s0 +
                        hv * a.hin_s1 + r0 * a.hin_s2 + c4;
-    if (a.vec_in) {
+    if (a.vec_in && a.state_ld_normal) {
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        load8_bf16<false>(base + m * a.hin_s2, true, s[2 * m], s[2 * m + 1]);
+    } else if (a.vec_in) {
 #pragma unroll
       for (int m = 0; m < M; ++m) load8_bf16(base + m * a.hin_s2, true, s[2 * m], s[2 * m + 1]);
     } else {
@@ -138,7 +144,10 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
     }
   } else if (a.h_in) {
     const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + r0 * a.hin_s2 + c4;
-    if (a.vec_in) {
+    if (a.vec_in && a.state_ld_normal) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) s[m] = load4<false>(base + m * a.hin_s2, true);
+    } else if (a.vec_in) {
 #pragma unroll
       for (int m = 0; m < M; ++m) s[m] = load4(base + m * a.hin_s2, true);
     } else {

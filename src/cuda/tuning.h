@@ -103,6 +103,19 @@ constexpr std::int64_t recurrent_prefetch_wave(std::int64_t blocks, std::int64_t
   return one_token && resident >= 2 && blocks > resident && blocks < 2 * resident ? resident : 0;
 }
 
+// The one-token kernel's state loads with the default cache policy instead of the evict-first
+// hint (ld.global.cs). Measured on the H200 (bench/NOTES-gpu.md, v29; Hv = 32, Dk = Dv = 128, fp32
+// state, us evict-first | default, two builds): T = 1 B = 32 39.0 | 39.5, B = 128 141.0 | 136.4,
+// B = 256 275.6 | 264.7; the staged kernel (T = 8) 0-2 % slower with it, so it keeps the hint.
+// Rule (PROVISIONAL): the default policy from 8 waves.
+constexpr bool recurrent_one_loads_normal(std::int64_t blocks, std::int64_t resident) {
+  return resident >= 1 && blocks >= 8 * resident;
+}
+
+// Tests and benchmarks: the one-token kernel's state loads 1 = always evict-first, 2 = always the
+// default policy; 0 restores the rule.
+void set_recurrent_load_override(int mode);
+
 // Tests and benchmarks: the next-wave prefetch 1 = off, 2 = every block prefetches the next
 // block's state whatever the grid (exercises the address arithmetic of both distances);
 // 3 (experiments) = the first wave one wave ahead and the rest half a wave, whatever the kernel,

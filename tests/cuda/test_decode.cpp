@@ -51,6 +51,8 @@ using PathScope = OverrideScope<cuda::set_recurrent_path_override>;
 // The next-wave prefetch: 1 = off, 2 = every block prefetches the next block's state (block 0
 // through the first wave's distance, the others through the half-wave one).
 using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
+// The one-token kernel's state loads: 1 = evict-first, 2 = the default cache policy.
+using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
 constexpr int kPaths[] = {1, 2, 3};
 const char* path_name(int path) {
@@ -238,6 +240,20 @@ TEST(CudaDecode, NextWavePrefetch) {
   Case c = decode_case(6, 1, 2, 4, 64);
   c.bf16_state = true;
   check_decode(c, 9, true);
+}
+
+// The one-token kernel with its state loads under the default cache policy (the rule picks it
+// for grids of many waves): fp32 and bf16 pools, pool indices with a skipped row.
+TEST(CudaDecode, StateLoadPolicy) {
+  REQUIRE_GPU();
+  LoadScope scope(2);
+  for (bool bf16_state : {false, true})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+      Case c = decode_case(5, 1, 2, 4, 128);
+      c.gate = gate;
+      c.bf16_state = bf16_state;
+      check_decode(c, 9, true);
+    }
 }
 
 // A bfloat16 pool (one token, k-first): o as with an fp32 pool, the pool within the bf16
