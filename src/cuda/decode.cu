@@ -57,10 +57,13 @@ static_assert(recurrent_prefetch_blocks(2048, 264, false) == 132);
 static_assert(recurrent_prefetch_wave(4096, 2112, true) == 2112);
 static_assert(recurrent_prefetch_wave(2048, 2112, true) == 0);
 static_assert(recurrent_prefetch_wave(4096, 1056, true) == 0);
-// The default load policy from 8 waves: one-token B = 128 (8192 blocks, 528 resident) yes, B = 32
-// (4096 blocks, 1056 resident) no.
-static_assert(recurrent_one_loads_normal(8192, 528));
-static_assert(!recurrent_one_loads_normal(4096, 1056));
+// The default load policy from 4 waves (fp32 pool): one-token B = 48 (6144 blocks, 1056
+// resident) yes, B = 32 (4096 blocks) no; from 8 waves (bf16 pool): B = 64 (8192 blocks) no,
+// B = 128 (8192 blocks, 528 resident) yes.
+static_assert(recurrent_one_loads_normal(6144, 1056, false));
+static_assert(!recurrent_one_loads_normal(4096, 1056, false));
+static_assert(!recurrent_one_loads_normal(8192, 1056, true));
+static_assert(recurrent_one_loads_normal(8192, 528, true));
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -261,7 +264,8 @@ void set_prefetch(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, 
 void set_load_policy(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, bool one_token) {
   const int mode = g_load_override.load(std::memory_order_relaxed);
   a.state_ld_normal =
-      one_token && (mode == 2 || (mode == 0 && recurrent_one_loads_normal(blocks, resident)));
+      one_token &&
+      (mode == 2 || (mode == 0 && recurrent_one_loads_normal(blocks, resident, a.state_bf16)));
 }
 
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,

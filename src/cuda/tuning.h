@@ -94,22 +94,26 @@ constexpr std::int64_t recurrent_prefetch_blocks(std::int64_t blocks, std::int64
 // The first wave's prefetch distance (0 = none) for a grid of one to two waves, where half a
 // wave ahead has nothing to cover: the first wave's blocks prefetch one wave ahead, i.e. the
 // whole second wave (at most a wave of state in L2 besides the first wave's). Measured on the
-// H200 (bench/NOTES-gpu.md, v28; Hv = 32, Dk = Dv = 128, us rule | first wave one wave ahead and
-// the rest half a wave): one-token kernel, B = 16 (1.94 waves) 22.6 | 21.7; at 2.9 waves and more
-// the same first-wave distance loses 1-3 % to the half-wave rule (B = 24 29.9 | 30.5, B = 32
-// 38.9 | 40.0, B = 64 72.7 | 74.1). Rule: one to two waves, one-token kernel (PROVISIONAL).
+// H200 (bench/NOTES-gpu.md, v28; Hv = 32, Dk = Dv = 128, T = 1, us off | rule): one-token kernel
+// B = 12 (1.45 waves) 17.2 | 15.9, B = 16 (1.94 waves) 22.6 | 21.3 (bf16 pool 15.4 | 15.1). The
+// same first-wave distance beside the half-wave rule loses 1-5 % from 2.4 waves (B = 20 26.0 |
+// 27.2, B = 32 39.0 | 40.2) and in the staged kernel (T = 8, B = 12..32). Rule: one to two
+// waves, one-token kernel.
 constexpr std::int64_t recurrent_prefetch_wave(std::int64_t blocks, std::int64_t resident,
                                                bool one_token) {
   return one_token && resident >= 2 && blocks > resident && blocks < 2 * resident ? resident : 0;
 }
 
 // The one-token kernel's state loads with the default cache policy instead of the evict-first
-// hint (ld.global.cs). Measured on the H200 (bench/NOTES-gpu.md, v29; Hv = 32, Dk = Dv = 128, fp32
-// state, us evict-first | default, two builds): T = 1 B = 32 39.0 | 39.5, B = 128 141.0 | 136.4,
-// B = 256 275.6 | 264.7; the staged kernel (T = 8) 0-2 % slower with it, so it keeps the hint.
-// Rule (PROVISIONAL): the default policy from 8 waves.
-constexpr bool recurrent_one_loads_normal(std::int64_t blocks, std::int64_t resident) {
-  return resident >= 1 && blocks >= 8 * resident;
+// hint (ld.global.cs). Measured on the H200 (bench/NOTES-gpu.md, v29; Hv = 32, Dk = Dv = 128,
+// T = 1, us evict-first | default, same process): fp32 pool B = 16 (1.9 waves) 21.5 | 23.1,
+// B = 32 (3.9) 39.4 | 39.2, B = 48 (5.8) 56.6 | 55.2, B = 64 (7.8) 73.5 | 71.5, B = 128 (15.5)
+// 141.3 | 136.5, B = 256 275.6 | 266.3; bf16 pool B = 64 (7.8) 49.2 | 50.0, B = 128 92.8 | 91.4,
+// B = 256 177.7 | 174.7. (The staged kernel, T = 8, was 0-2 % slower with it: it keeps the hint.)
+// Rule: the default policy from 4 waves (fp32 pool) or 8 waves (bf16 pool).
+constexpr bool recurrent_one_loads_normal(std::int64_t blocks, std::int64_t resident,
+                                          bool bf16_state) {
+  return resident >= 1 && blocks >= (bf16_state ? 8 : 4) * resident;
 }
 
 // Tests and benchmarks: the one-token kernel's state loads 1 = always evict-first, 2 = always the
