@@ -302,8 +302,8 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const int values_per_unit = 16 / dtype_size(prob.dtype);
   a.vec_tok = a.vec_tok && (warps * cw) % values_per_unit == 0;
   const bool per_key = prob.gate == GateKind::per_key;
-  // Launches `kernel` with `smem` bytes of dynamic shared memory, the next-wave prefetch set by
-  // its rule for this grid.
+  // Launches `kernel` with `smem` bytes of dynamic shared memory, the next-wave prefetch and the
+  // state-load policy set by their rules for this grid.
   auto run = [&](auto kernel, std::size_t smem) {
     const std::int64_t resident = resident_blocks(reinterpret_cast<const void*>(kernel), warps * 32,
                                                   smem, prob.device_index, sms, op);

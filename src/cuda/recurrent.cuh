@@ -550,11 +550,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // half a wave. Its loads then hit L2, and the DRAM stays busy while the resident blocks compute
 // instead of waiting on each block's serial load -> compute -> store. In a grid of one to two
 // waves, the first wave's blocks (b < a.prefetch_wave) prefetch the block one wave ahead: the
-// whole second wave. A head whose rows are
-// contiguous ([DK][Dv] k-first or [Dv][DK] v-first, no padding) is prefetched whole, by the
-// block holding its first columns, as one bulk prefetch; otherwise each block prefetches its own
-// rows (k-first: DK rows of cb * eb bytes; v-first: cb rows of DK * eb bytes; eb = bytes per
-// state element). Needs 16-byte aligned rows (RecurrentArgs::vec_in, checked on the host).
+// whole second wave. A head whose rows are contiguous ([DK][Dv] k-first or [Dv][DK] v-first, no
+// padding) is prefetched whole, by the block holding its first columns, as one bulk prefetch;
+// otherwise each block prefetches its own rows (k-first: DK rows of cb * eb bytes; v-first: cb
+// rows of DK * eb bytes; eb = bytes per state element). Needs 16-byte aligned rows
+// (RecurrentArgs::vec_in, checked on the host).
 template <int DK, bool VFIRST>
 __device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, int cb, int eb) {
   const unsigned first = static_cast<unsigned>(a.prefetch_wave);
