@@ -1,11 +1,13 @@
-// `gdr verify`: every CPU path of this build against the float64 reference (SPEC Section 7)
-// on fresh random cases covering both gates, mask, varlen (with zero-length sequences), GQA,
-// both state layouts, the fused options and the input dtypes: forward and backward of the
-// per-token loop and the chunkwise form, the chunkwise training step as the torch layer runs it
+// `gdr verify`: every path of this build against the float64 reference (SPEC Section 7) on
+// fresh random cases covering both gates, mask, varlen (with zero-length sequences), GQA, both
+// state layouts, the fused options and the input dtypes: forward and backward of the CPU
+// per-token loop and chunkwise form, the chunkwise training step as the torch layer runs it
 // (the forward saves the chunk-boundary states, the backward reads them) and, for short cases,
-// the decode step. Relative Frobenius error per output; the bound is fp32 1e-5 / 1e-4 (o and
-// state / gradients), bf16 and fp16 inputs 5e-3 / 1e-2. Output buffers are poisoned with NaN
-// before each call. Exit code 1 when any row fails.
+// the decode step; on a CUDA build with a GPU present, also the CUDA forward (the recurrent
+// kernel) and, for the decode cases, the CUDA decode step (the kernel the launch rule picks).
+// Relative Frobenius error per output; the bound is fp32 1e-5 / 1e-4 (o and state /
+// gradients), bf16 and fp16 inputs 5e-3 / 1e-2. Output buffers are poisoned with NaN before
+// each call. Exit code 1 when any row fails.
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -21,6 +23,9 @@
 #include "commands.h"
 #include "gdr/gdr.h"
 #include "support.h"
+#if GDR_WITH_CUDA
+#include "gpu_support.h"
+#endif
 
 namespace gdr::tools {
 namespace {
@@ -238,10 +243,17 @@ std::string fmt_error(double e) {
 int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::string& filter,
                bool verbose) {
   const std::uint64_t base = seed_arg ? seed_arg : test::fresh_seed();
+#if GDR_WITH_CUDA
+  const bool gpu = test::have_gpu();
+#else
+  const bool gpu = false;
+#endif
   std::printf(
       "gdr verify: seed %llu, paths sequential, chunkwise, chunkwise with saved chunk "
-      "states, decode vs reference (float64)\n",
-      static_cast<unsigned long long>(base));
+      "states, decode%s vs reference (float64)\n",
+      static_cast<unsigned long long>(base),
+      gpu ? ", cuda (recurrent kernel), cuda decode"
+          : (cuda_available() ? " (CUDA build, no GPU: cuda paths not run)" : ""));
   std::printf("%-32s %-11s %-4s %-12s %-9s %-9s %s\n", "case", "path", "dir", "worst", "error",
               "bound", "status");
   std::vector<Row> rows;
@@ -330,6 +342,22 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
       });
       emit(r);
     }
+#if GDR_WITH_CUDA
+    if (gpu) {
+      Row f = make_row("cuda", "fwd", test::forward_tolerance(c));
+      guarded(f, [&] { grade(f, test::fields(test::run_forward_cuda(d), fref)); });
+      emit(f);
+      if (nc.decode) {
+        Row r = make_row("cuda decode", "step", test::state_tolerance(c));
+        guarded(r, [&] {
+          test::DecodeData dd = test::make_decode_problem(c, c.B + 3, true);
+          const test::ForwardResult want = test::decode_reference(dd);
+          grade(r, test::fields(test::run_decode_cuda(dd), want));
+        });
+        emit(r);
+      }
+    }
+#endif
   }
 
   int pass = 0, fail = 0, other = 0;
@@ -371,7 +399,9 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
 
 void add_verify_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
-      "verify", "Check every CPU path against the float64 reference on random cases");
+      "verify",
+      "Check every path against the float64 reference on random cases (the CUDA paths too on a "
+      "CUDA build with a GPU)");
   struct Opts {
     std::uint64_t seed = 0;
     std::string json, filter;

@@ -1,10 +1,10 @@
-// Device mirrors of the host test tensors (tests/cpp/support.h) for the GPU tests: copy a host
-// view to the device with the same shape and strides, run gdr there, copy outputs back into
-// the host tensors so the host-side comparison helpers apply unchanged.
+// Device mirrors of the host test tensors (tests/cpp/support.h) for the GPU tests and for
+// `gdr verify` on a CUDA build (no GoogleTest here): copy a host view to the device with the
+// same shape and strides, run gdr there, copy outputs back into the host tensors so the
+// host-side comparison helpers apply unchanged.
 #pragma once
 
 #include <cuda_runtime.h>
-#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <memory>
