@@ -331,31 +331,25 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
       });
       emit(b);
     }
-    if (nc.decode) {
-      // (a bf16 pool: the bound adds its rounding, 2^-9 relative per element)
-      Row r = make_row("decode", "step", test::state_tolerance(c));
+    // One decode step on a fresh pool (with indices and unused rows) through `run`, against the
+    // reference step (a bf16 pool: the bound adds its rounding, 2^-9 relative per element).
+    auto decode_row = [&](const char* path, auto run) {
+      Row r = make_row(path, "step", test::state_tolerance(c));
       guarded(r, [&] {
         test::DecodeData dd = test::make_decode_problem(c, c.B + 3, true);
         const test::ForwardResult want = test::decode_reference(dd);
-        const test::ForwardResult got = test::run_decode(dd);
-        grade(r, test::fields(got, want));
+        grade(r, test::fields(run(dd), want));
       });
       emit(r);
-    }
+    };
+    if (nc.decode) decode_row("decode", [](test::DecodeData& dd) { return test::run_decode(dd); });
 #if GDR_WITH_CUDA
     if (gpu) {
       Row f = make_row("cuda", "fwd", test::forward_tolerance(c));
       guarded(f, [&] { grade(f, test::fields(test::run_forward_cuda(d), fref)); });
       emit(f);
-      if (nc.decode) {
-        Row r = make_row("cuda decode", "step", test::state_tolerance(c));
-        guarded(r, [&] {
-          test::DecodeData dd = test::make_decode_problem(c, c.B + 3, true);
-          const test::ForwardResult want = test::decode_reference(dd);
-          grade(r, test::fields(test::run_decode_cuda(dd), want));
-        });
-        emit(r);
-      }
+      if (nc.decode)
+        decode_row("cuda decode", [](test::DecodeData& dd) { return test::run_decode_cuda(dd); });
     }
 #endif
   }
