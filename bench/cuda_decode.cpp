@@ -411,49 +411,41 @@ int main(int argc, char** argv) {
         // A bf16 pool is within its rounding (2^-9 relative per element) of the reference.
         const double state_tol = s.bf16_state ? 2e-3 : 1e-5;
         const bool ok = o_err < tol && s_err < state_tol;
+        // Time per call with one of tuning.h's overrides set to `value`, then `restore` it.
+        auto time_with = [&](void (*set)(int), int value, int restore = 0) {
+          set(value);
+          const double t = time_graph(s, sets, st, opt);
+          set(restore);
+          return t;
+        };
         json sweep = json::object();
         if (opt.sweep_warps) {
-          for (int w : {1, 2, 4, 8}) {
-            gdr::cuda::set_recurrent_warps_override(w);
-            sweep[std::to_string(w)] = time_graph(s, sets, st, opt);
-          }
-          gdr::cuda::set_recurrent_warps_override(0);
+          for (int w : {1, 2, 4, 8})
+            sweep[std::to_string(w)] = time_with(gdr::cuda::set_recurrent_warps_override, w);
         }
         json paths = json::object();
         if (opt.paths) {  // the staged (usual, narrow tile) and the one-token kernel, side by side
           for (auto [path, name] :
-               {std::pair<int, const char*>{1, "staged"}, {2, "one"}, {3, "narrow"}}) {
-            gdr::cuda::set_recurrent_path_override(path);
-            paths[name] = time_graph(s, sets, st, opt);
-          }
-          gdr::cuda::set_recurrent_path_override(opt.path);
+               {std::pair<int, const char*>{1, "staged"}, {2, "one"}, {3, "narrow"}})
+            paths[name] = time_with(gdr::cuda::set_recurrent_path_override, path, opt.path);
         }
         json prefetch = json::object(), load_policy = json::object();
         if (opt.prefetch_ab) {  // the launch rule against the same without the prefetch
-          gdr::cuda::set_recurrent_prefetch_override(1);
-          prefetch["off"] = time_graph(s, sets, st, opt);
-          gdr::cuda::set_recurrent_prefetch_override(0);
-          prefetch["rule"] = time_graph(s, sets, st, opt);
+          prefetch["off"] = time_with(gdr::cuda::set_recurrent_prefetch_override, 1);
+          prefetch["rule"] = time_with(gdr::cuda::set_recurrent_prefetch_override, 0);
           std::printf("             next-wave prefetch off %9.2f us  rule %9.2f us\n",
                       prefetch["off"].get<double>(), prefetch["rule"].get<double>());
         }
         if (opt.load_ab) {
-          double t[2];
-          for (int mode : {1, 2}) {
-            gdr::cuda::set_recurrent_load_override(mode);
-            t[mode - 1] = time_graph(s, sets, st, opt);
-          }
-          gdr::cuda::set_recurrent_load_override(0);
+          const double evict_first = time_with(gdr::cuda::set_recurrent_load_override, 1);
+          const double normal = time_with(gdr::cuda::set_recurrent_load_override, 2);
           std::printf("             state loads evict-first %9.2f us  default policy %9.2f us\n",
-                      t[0], t[1]);
-          load_policy = {{"evict_first", t[0]}, {"default", t[1]}};
+                      evict_first, normal);
+          load_policy = {{"evict_first", evict_first}, {"default", normal}};
         }
-        for (int mode : opt.prefetch_modes) {
-          gdr::cuda::set_recurrent_prefetch_override(mode);
+        for (int mode : opt.prefetch_modes)
           std::printf("             prefetch mode %d %9.2f us\n", mode,
-                      time_graph(s, sets, st, opt));
-          gdr::cuda::set_recurrent_prefetch_override(0);
-        }
+                      time_with(gdr::cuda::set_recurrent_prefetch_override, mode));
         const double us = time_graph(s, sets, st, opt);
         const double copy_us = time_copy_graph(s, sets, st, opt);
         const double gbps = s.bytes() / (us * 1e-6) / 1e9;
