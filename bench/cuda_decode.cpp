@@ -356,7 +356,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", opt.seed);
   app.add_flag("--sweep-warps", opt.sweep_warps, "also time 1, 2, 4, 8 warps per block");
   app.add_flag("--paths", opt.paths,
-               "also time the staged kernel (usual and narrow tile) and the one-token kernel");
+               "also time the staged kernel (usual and narrow tile), the one-token kernel and the "
+               "chunk kernel (each checked against the reference)");
   app.add_flag("--prefetch-ab", opt.prefetch_ab,
                "also time the launch rule without the next-wave L2 prefetch");
   app.add_option("--prefetch-modes", opt.prefetch_modes, "also time these prefetch override modes");
@@ -364,7 +365,8 @@ int main(int argc, char** argv) {
                "also time the one-token kernel's state loads evict-first and with the default "
                "cache policy");
   app.add_option("--path", opt.path,
-                 "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged");
+                 "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged, "
+                 "4 chunk");
   app.add_option("--json", opt.json_path, "write the results here");
   app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
   app.add_option("--dump-b", opt.dump_B);
@@ -405,8 +407,15 @@ int main(int argc, char** argv) {
         std::vector<DeviceSet> sets;
         for (int i = 0; i < ns; ++i) sets.push_back(make_set(s, opt.seed + 100 * i, st));
         const bool dump = !opt.dump_dir.empty() && B == opt.dump_B && T == opt.dump_T;
-        const auto [o_err, s_err] =
-            check_against_reference(s, sets[0], st, dump ? opt.dump_dir : std::string());
+        // The check runs on B <= 4 sequences: the chunk kernel's block as the timed grid has it.
+        auto check_as_timed = [&](const std::string& dir) {
+          gdr::cuda::set_recurrent_chunk_columns_override(gdr::cuda::recurrent_chunk_columns(
+              B * opt.Hv, opt.Dv, prop.multiProcessorCount));
+          const auto errs = check_against_reference(s, sets[0], st, dir);
+          gdr::cuda::set_recurrent_chunk_columns_override(0);
+          return errs;
+        };
+        const auto [o_err, s_err] = check_as_timed(dump ? opt.dump_dir : std::string());
         const double tol = 5e-3;
         // A bf16 pool is within its rounding (2^-9 relative per element) of the reference.
         const double state_tol = s.bf16_state ? 2e-3 : 1e-5;
@@ -423,11 +432,17 @@ int main(int argc, char** argv) {
           for (int w : {1, 2, 4, 8})
             sweep[std::to_string(w)] = time_with(gdr::cuda::set_recurrent_warps_override, w);
         }
-        json paths = json::object();
-        if (opt.paths) {  // the staged (usual, narrow tile) and the one-token kernel, side by side
-          for (auto [path, name] :
-               {std::pair<int, const char*>{1, "staged"}, {2, "one"}, {3, "narrow"}})
+        json paths = json::object(), paths_err = json::object();
+        if (opt.paths) {  // the staged (usual, narrow tile), one-token and chunk kernels, side by side
+          for (auto [path, name] : {std::pair<int, const char*>{1, "staged"},
+                                    {2, "one"},
+                                    {3, "narrow"},
+                                    {4, "chunk"}}) {
+            gdr::cuda::set_recurrent_path_override(path);
+            const auto [po, ps] = check_as_timed(std::string());
+            paths_err[name] = {{"o", po}, {"state", ps}, {"ok", po < tol && ps < state_tol}};
             paths[name] = time_with(gdr::cuda::set_recurrent_path_override, path, opt.path);
+          }
         }
         json prefetch = json::object(), load_policy = json::object();
         if (opt.prefetch_ab) {  // the launch rule against the same without the prefetch
@@ -458,9 +473,12 @@ int main(int argc, char** argv) {
         std::printf("             same-size state copy %9.2f us (%5.1f%% of the 1 GiB copy rate)\n",
                     copy_us, 100.0 * 2.0 * s.state_bytes() / (copy_us * 1e-6) / copy_bw);
         if (opt.paths)
-          std::printf("             staged %9.2f us  one-token %9.2f us  narrow staged %9.2f us\n",
-                      paths["staged"].get<double>(), paths["one"].get<double>(),
-                      paths["narrow"].get<double>());
+          std::printf(
+              "             staged %9.2f us  one-token %9.2f us  narrow staged %9.2f us  chunk "
+              "%9.2f us%s\n",
+              paths["staged"].get<double>(), paths["one"].get<double>(),
+              paths["narrow"].get<double>(), paths["chunk"].get<double>(),
+              paths_err["chunk"]["ok"].get<bool>() ? "" : " (chunk FAILED the check)");
         rows.push_back(
             {{"B", B},
              {"T", T},
@@ -478,6 +496,7 @@ int main(int argc, char** argv) {
              {"sets", ns},
              {"warps_sweep_us", sweep},
              {"paths_us", paths},
+             {"paths_err", paths_err},
              {"prefetch_us", prefetch},
              {"load_policy_us", load_policy},
              {"state_copy_same_size_us", copy_us},

@@ -20,6 +20,7 @@
 
 #include "cuda/paths.h"
 #include "cuda/recurrent.cuh"
+#include "cuda/recurrent_chunk.cuh"
 #include "cuda/recurrent_one.cuh"
 #include "cuda/tuning.h"
 #include "gdr/error.h"
@@ -33,6 +34,7 @@ std::atomic<int> g_warps_override{0};
 std::atomic<int> g_path_override{0};
 std::atomic<int> g_prefetch_override{0};
 std::atomic<int> g_load_override{0};
+std::atomic<int> g_chunk_columns_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
@@ -268,6 +270,47 @@ void set_load_policy(RecurrentArgs& a, std::int64_t blocks, std::int64_t residen
       (mode == 2 || (mode == 0 && recurrent_one_loads_normal(blocks, resident, a.state_bf16)));
 }
 
+// Allows `kernel` `smem` bytes of dynamic shared memory (above the default 48 KB) on `device`,
+// once per (kernel, device).
+void allow_shared(const void* kernel, std::size_t smem, int device, const char* op) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, std::size_t> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& have = done[{kernel, device}];
+  if (have >= smem) return;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        op, "cudaFuncSetAttribute(maxDynamicSharedMemorySize)");
+  have = smem;
+}
+
+// The chunk kernel (recurrent_chunk.cuh): blocks of 128 value columns (8 warps) or 32 (4 warps).
+void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
+                  cudaStream_t stream) {
+  const std::int64_t heads = a.N * prob.Hv;
+  const int forced = g_chunk_columns_override.load(std::memory_order_relaxed);
+  const int cols = forced == 32 || (forced == 128 && prob.Dv % 128 == 0)
+                       ? forced
+                       : recurrent_chunk_columns(heads, prob.Dv, sms);
+  const std::int64_t splits = prob.Dv / cols, blocks = heads * splits;
+  if (blocks == 0) return;
+  if (blocks > INT_MAX)
+    refuse(op,
+           "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
+  a.splits = static_cast<int>(splits);
+  a.prefetch_blocks = a.prefetch_wave = 0;
+  auto run = [&](auto kernel, int threads, std::size_t smem) {
+    allow_shared(reinterpret_cast<const void*>(kernel), smem, prob.device_index, op);
+    kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a);
+  };
+  if (cols == 128)
+    run(detail::recurrent_chunk_kernel<16, 8>, 256,
+        sizeof(float) * detail::ChunkLayout<16>::kFloats);
+  else
+    run(detail::recurrent_chunk_kernel<4, 4>, 128, sizeof(float) * detail::ChunkLayout<4>::kFloats);
+  check(cudaGetLastError(), op, "chunk kernel launch");
+}
+
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
@@ -281,8 +324,16 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
                std::to_string(a.T) + ", state_layout=" + (v_first ? "v_first" : "k_first") +
                (a.vec_tok ? "" : ", unaligned rows") + " (use a float32 state)");
   const int path = g_path_override.load(std::memory_order_relaxed);
-  const bool one = one_applies && (a.state_bf16 || path == 0 || path == 2);
   const int sms = sm_count(prob.device_index, op);
+  const bool per_key = prob.gate == GateKind::per_key;
+  const bool varlen = a.cu_seqlens != nullptr;
+  if (recurrent_chunk_applies(v_first, per_key, prob.Dk, a.state_bf16,
+                              (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
+      (path == 4 || (path == 0 && !one_applies && recurrent_chunk_preferred(a.T, varlen)))) {
+    launch_chunk(a, prob, sms, op, stream);
+    return;
+  }
+  const bool one = one_applies && (a.state_bf16 || path == 0 || path == 2);
   const bool narrow_exists = !one && !v_first && prob.Dk < 256;
   const bool narrow =
       narrow_exists &&
@@ -301,7 +352,6 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   a.splits = static_cast<int>(splits);
   const int values_per_unit = 16 / dtype_size(prob.dtype);
   a.vec_tok = a.vec_tok && (warps * cw) % values_per_unit == 0;
-  const bool per_key = prob.gate == GateKind::per_key;
   // Launches `kernel` with `smem` bytes of dynamic shared memory, the next-wave prefetch and the
   // state-load policy set by their rules for this grid.
   auto run = [&](auto kernel, std::size_t smem) {
@@ -358,8 +408,12 @@ void set_recurrent_load_override(int mode) {
   g_load_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
+void set_recurrent_chunk_columns_override(int columns) {
+  g_chunk_columns_override.store(columns == 32 || columns == 128 ? columns : 0);
+}
+
 void set_recurrent_path_override(int path) {
-  g_path_override.store(path >= 1 && path <= 3 ? path : 0);
+  g_path_override.store(path >= 1 && path <= 4 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

@@ -68,12 +68,36 @@ constexpr int recurrent_one_warps_per_block(std::int64_t heads, std::int64_t dk,
   return static_cast<int>(w);
 }
 
+// The chunk kernel (recurrent_chunk.cuh: state in shared memory, products on the tensor cores)
+// exists for a k-first fp32 state with Dk = 128 and a scalar gate whose state rows (read and
+// written) are 16-byte aligned; any T, varlen, pools.
+constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t dk,
+                                       bool bf16_state, bool state_rows_aligned) {
+  return !v_first && !per_key && dk == 128 && !bf16_state && state_rows_aligned;
+}
+
+// Value columns per block of the chunk kernel: 128 (8 warps) while that gives at least two blocks
+// per SM, else 32 (4 warps), so that small grids reach more SMs.
+constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int sm_count) {
+  return dv % 128 == 0 && heads * (dv / 128) >= 2 * static_cast<std::int64_t>(sm_count) ? 128 : 32;
+}
+
+// Tests and benchmarks: the chunk kernel's block of 32 or 128 value columns whatever the grid
+// (128 only where Dv % 128 == 0); 0 restores the rule.
+void set_recurrent_chunk_columns_override(int columns);
+
+// Where the rules take the chunk kernel (when it applies): from 2 tokens per sequence.
+constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen) {
+  return varlen || tokens >= 2;
+}
+
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).
 void set_recurrent_warps_override(int warps);
 
 // Tests and benchmarks: 1 = always the staged kernel (recurrent.cuh) with its usual tile; 2 = the
 // one-token kernel wherever recurrent_one_applies, the usual staged tile elsewhere; 3 = the staged
 // kernel with the narrow tile wherever it exists (k-first, Dk < 256), the usual tile elsewhere;
+// 4 = the chunk kernel wherever recurrent_chunk_applies, the usual staged tile elsewhere;
 // 0 = the rules.
 void set_recurrent_path_override(int path);
 

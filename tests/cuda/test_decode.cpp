@@ -4,9 +4,10 @@
 // fp32 inputs < 1e-5, bf16/fp16 inputs < 5e-3, for o and the state. Outputs are poisoned
 // (NaN) before every call; fresh random inputs every run (the seed is in each message). Every
 // case runs through every kernel: the staged one (recurrent.cuh) with its usual tile and, on a
-// k-first state with Dk < 256, with its narrow tile, and, where it applies (one token, k-first
-// state, aligned rows), the one-token kernel (recurrent_one.cuh), through src/cuda/tuning.h's path
-// override.
+// k-first state with Dk < 256, with its narrow tile, where it applies (one token, k-first
+// state, aligned rows), the one-token kernel (recurrent_one.cuh), and where it applies (k-first
+// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh), through
+// src/cuda/tuning.h's path override.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,17 +47,38 @@ class OverrideScope {
   OverrideScope& operator=(const OverrideScope&) = delete;
 };
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
-// where it exists (k-first, Dk < 256).
-using PathScope = OverrideScope<cuda::set_recurrent_path_override>;
+// where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
+// scalar gate, fp32 state with aligned rows), 5 = the chunk kernel with 128-column blocks.
+class PathScope {
+ public:
+  explicit PathScope(int path) {
+    cuda::set_recurrent_path_override(path == 5 ? 4 : path);
+    cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : 0);
+  }
+  ~PathScope() {
+    cuda::set_recurrent_path_override(0);
+    cuda::set_recurrent_chunk_columns_override(0);
+  }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
+};
 // The next-wave prefetch: 1 = off, 2 = every block prefetches the next block's state (block 0
 // through the first wave's distance, the others through the half-wave one).
 using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 // The one-token kernel's state loads: 1 = evict-first, 2 = the default cache policy.
 using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
-constexpr int kPaths[] = {1, 2, 3};
+// The chunk kernel's block: 4 = the rule's columns (32 at the tests' grid sizes), 5 = 128
+// columns where Dv % 128 == 0 (path 4 with the column override).
+constexpr int kPaths[] = {1, 2, 3, 4, 5};
 const char* path_name(int path) {
-  return path == 2 ? " [one-token path]" : (path == 3 ? " [narrow staged path]" : " [staged path]");
+  switch (path) {
+    case 2: return " [one-token path]";
+    case 3: return " [narrow staged path]";
+    case 4: return " [chunk path]";
+    case 5: return " [chunk path, 128 columns]";
+    default: return " [staged path]";
+  }
 }
 
 void check_decode_path(const Case& c, std::int64_t P, bool indices, int path,
