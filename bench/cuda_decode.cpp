@@ -50,6 +50,7 @@ struct Options {
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
+  int chunk_columns = 0;  // the chunk kernel's block (0: the rule)
   bool paths = false;  // also time the staged (usual and narrow tile) and the one-token kernel
   int path = 0;  // for the whole run: 0 the launch rule, 1 staged, 2 one-token, 3 narrow staged
   bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
@@ -367,6 +368,8 @@ int main(int argc, char** argv) {
   app.add_option("--path", opt.path,
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged, "
                  "4 chunk");
+  app.add_option("--chunk-columns", opt.chunk_columns,
+                 "the chunk kernel's block: 32, 64 or 128 value columns (0: the rule)");
   app.add_option("--json", opt.json_path, "write the results here");
   app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
   app.add_option("--dump-b", opt.dump_B);
@@ -375,6 +378,7 @@ int main(int argc, char** argv) {
   const DType dtype = opt.dtype == "f16" ? DType::f16 : DType::bf16;
   opt.reps = std::max(opt.reps, 20);
   gdr::cuda::set_recurrent_path_override(opt.path);
+  gdr::cuda::set_recurrent_chunk_columns_override(opt.chunk_columns);
 
   try {
     cudaStream_t st;
@@ -409,10 +413,12 @@ int main(int argc, char** argv) {
         const bool dump = !opt.dump_dir.empty() && B == opt.dump_B && T == opt.dump_T;
         // The check runs on B <= 4 sequences: the chunk kernel's block as the timed grid has it.
         auto check_as_timed = [&](const std::string& dir) {
-          gdr::cuda::set_recurrent_chunk_columns_override(gdr::cuda::recurrent_chunk_columns(
-              B * opt.Hv, opt.Dv, prop.multiProcessorCount));
+          gdr::cuda::set_recurrent_chunk_columns_override(
+              opt.chunk_columns > 0 ? opt.chunk_columns
+                                    : gdr::cuda::recurrent_chunk_columns(B * opt.Hv, opt.Dv,
+                                                                         prop.multiProcessorCount));
           const auto errs = check_against_reference(s, sets[0], st, dir);
-          gdr::cuda::set_recurrent_chunk_columns_override(0);
+          gdr::cuda::set_recurrent_chunk_columns_override(opt.chunk_columns);
           return errs;
         };
         const auto [o_err, s_err] = check_as_timed(dump ? opt.dump_dir : std::string());

@@ -289,7 +289,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
                   cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
   const int forced = g_chunk_columns_override.load(std::memory_order_relaxed);
-  const int cols = forced == 32 || (forced == 128 && prob.Dv % 128 == 0)
+  const int cols = forced == 32 || forced == 64 || (forced == 128 && prob.Dv % 128 == 0)
                        ? forced
                        : recurrent_chunk_columns(heads, prob.Dv, sms);
   const std::int64_t splits = prob.Dv / cols, blocks = heads * splits;
@@ -298,16 +298,23 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     refuse(op,
            "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
   a.splits = static_cast<int>(splits);
-  a.prefetch_blocks = a.prefetch_wave = 0;
-  auto run = [&](auto kernel, int threads, std::size_t smem) {
-    allow_shared(reinterpret_cast<const void*>(kernel), smem, prob.device_index, op);
+  // 16-bit inputs are exact in tf32: no shared lo part of X.
+  const bool x_exact = prob.dtype != DType::f32;
+  auto run = [&](auto kernel, int threads, auto layout) {
+    using Ly = decltype(layout);
+    const std::size_t smem = sizeof(float) * (x_exact ? Ly::kFloatsExact : Ly::kFloats);
+    const void* k = reinterpret_cast<const void*>(kernel);
+    allow_shared(k, smem, prob.device_index, op);
+    set_prefetch(a, blocks, resident_blocks(k, threads, smem, prob.device_index, sms, op), false);
+    a.prefetch_wave = 0;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a);
   };
   if (cols == 128)
-    run(detail::recurrent_chunk_kernel<16, 8>, 256,
-        sizeof(float) * detail::ChunkLayout<16>::kFloats);
+    run(detail::recurrent_chunk_kernel<16, 8>, 256, detail::ChunkLayout<16>{});
+  else if (cols == 64)
+    run(detail::recurrent_chunk_kernel<8, 4>, 128, detail::ChunkLayout<8>{});
   else
-    run(detail::recurrent_chunk_kernel<4, 4>, 128, sizeof(float) * detail::ChunkLayout<4>::kFloats);
+    run(detail::recurrent_chunk_kernel<4, 4>, 128, detail::ChunkLayout<4>{});
   check(cudaGetLastError(), op, "chunk kernel launch");
 }
 
@@ -409,7 +416,7 @@ void set_recurrent_load_override(int mode) {
 }
 
 void set_recurrent_chunk_columns_override(int columns) {
-  g_chunk_columns_override.store(columns == 32 || columns == 128 ? columns : 0);
+  g_chunk_columns_override.store(columns == 32 || columns == 64 || columns == 128 ? columns : 0);
 }
 
 void set_recurrent_path_override(int path) {

@@ -18,7 +18,8 @@
 //
 // A block owns CB = 8 NT value columns of one (sequence, value head) and all Dk keys. Per chunk:
 //  1. (first chunk) the state slice S0 [Dk][CB] -> shared memory by cp.async (16-byte units,
-//     swizzled, below), in flight while 2.-4. run;
+//     swizzled, below), in flight while 2.-4. run; the L2 asked for a later block's state
+//     (recurrent.cuh, prefetch_state_of_block);
 //  2. stage the chunk's q, k, v, gates, beta, mask (recurrent.cuh's staging);
 //  3. the A operand X = [k_0 .. k_7; q_0 .. q_7] (16 x Dk, raw values, zero rows for masked or
 //     padding tokens) in mma fragment order, split into tf32 hi + lo parts;
@@ -58,8 +59,7 @@ struct ChunkLayout {
   static constexpr int kB = kG + kTok;                   // [8] beta
   static constexpr int kM = kB + kTok;                   // [8] mask (1 = step)
   static constexpr int kXhi = kM + kTok;                 // [DK / 8][32 lanes][4] X, tf32 hi part
-  static constexpr int kXlo = kXhi + 16 * kDK;           // the same, lo part
-  static constexpr int kP = kXlo + 16 * kDK;             // [16][PS] P = X S0
+  static constexpr int kP = kXhi + 16 * kDK;             // [16][PS] P = X S0
   static constexpr int kU = kP + 16 * kPS;               // [8][PS] u
   static constexpr int kGram = kU + kTok * kPS;          // [16][16] X X^T
   static constexpr int kL = kGram + 256;                 // [8][8] solve coefficients
@@ -69,7 +69,9 @@ struct ChunkLayout {
   static constexpr int kCU = kCQ + kTok;                 // [8] Dec[C-1][s] rk_s
   static constexpr int kBE = kCU + kTok;                 // [8] beta_s (0 if masked)
   static constexpr int kGamma = kBE + kTok;              // [4] gamma_{C-1}
-  static constexpr int kFloats = kGamma + 4;
+  static constexpr int kXlo = kGamma + 4;                // X, tf32 lo part (fp32 inputs only)
+  static constexpr int kFloatsExact = kXlo;              // 16-bit inputs: no lo part
+  static constexpr int kFloats = kXlo + 16 * kDK;
 };
 
 template <int CB>
@@ -116,7 +118,7 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], float4 ah, float4 al, 
 
 // NT n-tiles (8 value columns each) per block, W warps; Dv % (8 NT) == 0 (host).
 template <int NT, int W>
-__global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : 4) recurrent_chunk_kernel(
+__global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recurrent_chunk_kernel(
     const RecurrentArgs a) {
   using Ly = ChunkLayout<NT>;
   constexpr int DK = Ly::kDK, CB = Ly::kCB, PS = Ly::kPS, NTHREADS = W * 32;
@@ -187,6 +189,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : 4) recurrent_chunk_kern
       cp_async16(Ss + i * CB + ((c ^ ((i & 3) << 1)) << 2), base + i * a.hin_s2 + 4 * c);
     }
     cp_async_commit();
+    if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, false>(a, CB, 4);
   } else {
     for (int f = tid; f < DK * CB / 4; f += NTHREADS)
       reinterpret_cast<float4*>(Ss)[f] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : 4) recurrent_chunk_kern
       if (t < cnt && ms[t] != 0.f) x = (r & 1) ? qs[t * DK + col] : ks[t * DK + col];
       const float h = tf32_hi(x);
       xhi[e] = h;
-      xlo[e] = x - h;
+      if (!x_exact) xlo[e] = x - h;
     }
     __syncthreads();
     // 4. Warp 0: the Gram X X^T (16 x 16; B fragments of X^T are X's a0/a2 for the k columns,
@@ -240,8 +243,8 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : 4) recurrent_chunk_kern
 #pragma unroll 4
       for (int kst = 0; kst < KSTEPS; ++kst) {
         const float4 h = reinterpret_cast<const float4*>(xhi)[kst * 32 + lane];
-        const float4 l = reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
         if (!x_exact) {
+          const float4 l = reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
           mma_tf32(gk, l, h.x, h.z);
           mma_tf32(gk, h, l.x, l.z);
           mma_tf32(gq, l, h.y, h.w);
@@ -302,7 +305,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : 4) recurrent_chunk_kern
 #pragma unroll 4
       for (int kst = 0; kst < KSTEPS; ++kst) {
         const float4 h = reinterpret_cast<const float4*>(xhi)[kst * 32 + lane];
-        const float4 l = reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
+        const float4 l = x_exact ? h : reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
         const int i = 8 * kst + lc;
 #pragma unroll
         for (int nt = 0; nt < NPW; ++nt) {

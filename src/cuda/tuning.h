@@ -82,7 +82,7 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
   return dv % 128 == 0 && heads * (dv / 128) >= 2 * static_cast<std::int64_t>(sm_count) ? 128 : 32;
 }
 
-// Tests and benchmarks: the chunk kernel's block of 32 or 128 value columns whatever the grid
+// Tests and benchmarks: the chunk kernel's block of 32, 64 or 128 value columns whatever the grid
 // (128 only where Dv % 128 == 0); 0 restores the rule.
 void set_recurrent_chunk_columns_override(int columns);
 
