@@ -182,12 +182,15 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
 
   // 1. The state slice, in flight while the first chunk is staged and its coefficients formed.
   if (a.h_in) {
-    const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + col0;
-#pragma unroll 4
-    for (int f = tid; f < DK * CB / 4; f += NTHREADS) {
-      const int i = f / (CB / 4), c = f % (CB / 4);
-      cp_async16(Ss + i * CB + ((c ^ ((i & 3) << 1)) << 2), base + i * a.hin_s2 + 4 * c);
-    }
+    // Thread: unit c of key rows i0, i0 + RPI, ...; RPI % 4 == 0 keeps the row swizzle.
+    constexpr int UPR = CB / 4, RPI = NTHREADS / UPR;
+    static_assert(NTHREADS % UPR == 0 && RPI % 4 == 0 && DK % RPI == 0);
+    const int c = tid % UPR, i0 = tid / UPR;
+    const float* src = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + col0 + i0 * a.hin_s2 + 4 * c;
+    float* dst = Ss + swizzled<CB>(i0, 4 * c);
+    const std::int64_t step = RPI * a.hin_s2;
+#pragma unroll
+    for (int it = 0; it < DK / RPI; ++it) cp_async16(dst + it * RPI * CB, src + it * step);
     cp_async_commit();
     if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, false>(a, CB, 4);
   } else {
@@ -224,16 +227,19 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       }
     }
     __syncthreads();
-    // 3. X in fragment order: element e = (k-step, lane, r) holds X[row][col] with row
-    //    = lane / 4 + 8 (r & 1), col = 8 k-step + lane % 4 + 4 (r >> 1).
-    for (int e = tid; e < KSTEPS * 128; e += NTHREADS) {
-      const int kst = e >> 7, ln = (e >> 2) & 31, r = e & 3;
-      const int t = ln >> 2, col = 8 * kst + (ln & 3) + ((r >> 1) << 2);
-      float x = 0.f;
-      if (t < cnt && ms[t] != 0.f) x = (r & 1) ? qs[t * DK + col] : ks[t * DK + col];
-      const float h = tf32_hi(x);
-      xhi[e] = h;
-      if (!x_exact) xlo[e] = x - h;
+    // 3. X in fragment order: float4 f = (k-step, lane) holds lane's a0..a3 of that k-step,
+    //    i.e. k_t[col], q_t[col], k_t[col + 4], q_t[col + 4] with t = lane / 4, col = 8 k-step +
+    //    lane % 4.
+    for (int f = tid; f < KSTEPS * 32; f += NTHREADS) {
+      const int t = (f & 31) >> 2, col = 8 * (f >> 5) + (f & 3);
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (t < cnt && ms[t] != 0.f)
+        x = make_float4(ks[t * DK + col], qs[t * DK + col], ks[t * DK + col + 4],
+                        qs[t * DK + col + 4]);
+      const float4 h = make_float4(tf32_hi(x.x), tf32_hi(x.y), tf32_hi(x.z), tf32_hi(x.w));
+      reinterpret_cast<float4*>(xhi)[f] = h;
+      if (!x_exact)
+        reinterpret_cast<float4*>(xlo)[f] = make_float4(x.x - h.x, x.y - h.y, x.z - h.z, x.w - h.w);
     }
     __syncthreads();
     // 4. Warp 0: the Gram X X^T (16 x 16; B fragments of X^T are X's a0/a2 for the k columns,
@@ -302,16 +308,18 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       float p[NPW][4];
 #pragma unroll
       for (int nt = 0; nt < NPW; ++nt) p[nt][0] = p[nt][1] = p[nt][2] = p[nt][3] = 0.f;
+      // B fragments: keys 8 k-step + lane % 4 (+ 4), columns 8 n-tile + lane / 4; the row
+      // swizzle (key % 4 = lane % 4) is the same for every k-step: per-thread bases.
+      const float* bcol[NPW];
+#pragma unroll
+      for (int nt = 0; nt < NPW; ++nt) bcol[nt] = Ss + swizzled<CB>(lc, 8 * (warp * NPW + nt) + lg);
 #pragma unroll 4
       for (int kst = 0; kst < KSTEPS; ++kst) {
         const float4 h = reinterpret_cast<const float4*>(xhi)[kst * 32 + lane];
         const float4 l = x_exact ? h : reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
-        const int i = 8 * kst + lc;
 #pragma unroll
-        for (int nt = 0; nt < NPW; ++nt) {
-          const int j = 8 * (warp * NPW + nt) + lg;
-          mma_3xtf32(p[nt], h, l, Ss[swizzled<CB>(i, j)], Ss[swizzled<CB>(i + 4, j)], x_exact);
-        }
+        for (int nt = 0; nt < NPW; ++nt)
+          mma_3xtf32(p[nt], h, l, bcol[nt][8 * kst * CB], bcol[nt][(8 * kst + 4) * CB], x_exact);
       }
 #pragma unroll
       for (int nt = 0; nt < NPW; ++nt) {
@@ -354,6 +362,11 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
     if (last && !a.h_out) continue;
     const float gl = gam[0];
     float* out = last ? a.h_out + row * a.hout_s0 + hv * a.hout_s1 + col0 : nullptr;
+    // C pairs: keys i (+ 8), columns 8 n-tile + 2 (lane % 4) .. + 1, shared offset
+    // i CB + 2 (lane % 4) + 8 (n-tile ^ (i % 4)) (swizzled() with i % 4 = lane / 4 % 4).
+    const int sw = lg & 3;
+    const float* ub0 = Us + lc * PS + lg;  // B fragments: u of token lane % 4 (+ 4)
+    const float* ub1 = ub0 + 4 * PS;
 #pragma unroll
     for (int mi = 0; mi < MPW; ++mi) {
       const int i = 16 * (warp * MPW + mi) + lg;
@@ -364,18 +377,20 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       const float4 ka = make_float4(kt(lc, i), kt(lc, i + 8), kt(lc + 4, i), kt(lc + 4, i + 8));
       const float4 kh = make_float4(tf32_hi(ka.x), tf32_hi(ka.y), tf32_hi(ka.z), tf32_hi(ka.w));
       const float4 kl = make_float4(ka.x - kh.x, ka.y - kh.y, ka.z - kh.z, ka.w - kh.w);
+      float* srow = Ss + i * CB + 2 * lc;
+      float* grow = last ? out + i * a.hout_s2 + 2 * lc : nullptr;
+      const std::int64_t g8 = 8 * a.hout_s2;
 #pragma unroll 4
       for (int nt = 0; nt < NT; ++nt) {
-        const int j = 8 * nt + 2 * lc;
-        float* c01 = Ss + swizzled<CB>(i, j);
-        float* c23 = Ss + swizzled<CB>(i + 8, j);
+        float* c01 = srow + 8 * (nt ^ sw);
+        float* c23 = c01 + 8 * CB;
         const float2 s01 = *reinterpret_cast<const float2*>(c01);
         const float2 s23 = *reinterpret_cast<const float2*>(c23);
         float d[4] = {gl * s01.x, gl * s01.y, gl * s23.x, gl * s23.y};
-        mma_3xtf32(d, kh, kl, Us[lc * PS + 8 * nt + lg], Us[(lc + 4) * PS + 8 * nt + lg], false);
+        mma_3xtf32(d, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
         if (last) {
-          __stcs(reinterpret_cast<float2*>(out + i * a.hout_s2 + j), make_float2(d[0], d[1]));
-          __stcs(reinterpret_cast<float2*>(out + (i + 8) * a.hout_s2 + j), make_float2(d[2], d[3]));
+          __stcs(reinterpret_cast<float2*>(grow + 8 * nt), make_float2(d[0], d[1]));
+          __stcs(reinterpret_cast<float2*>(grow + g8 + 8 * nt), make_float2(d[2], d[3]));
         } else {
           *reinterpret_cast<float2*>(c01) = make_float2(d[0], d[1]);
           *reinterpret_cast<float2*>(c23) = make_float2(d[2], d[3]);
