@@ -107,13 +107,14 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], float4 a, float b0, floa
         "r"(__float_as_uint(a.w)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
 }
 
-// D += A B in 3xTF32 (A = ah + al, B = bh + bl; al B skipped when A is exact in tf32).
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], float4 ah, float4 al, float b0, float b1,
-                                           bool a_exact) {
+// 3xTF32 (A = ah + al, B = bh + bl): d += ah bh, e += ah bl + al bh (al B skipped when A is
+// exact in tf32); two accumulators, so that the three products are two short dependency chains.
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], float (&e)[4], float4 ah, float4 al,
+                                           float b0, float b1, bool a_exact) {
   const float bh0 = tf32_hi(b0), bh1 = tf32_hi(b1);
-  mma_tf32(d, ah, b0 - bh0, b1 - bh1);
-  if (!a_exact) mma_tf32(d, al, bh0, bh1);
   mma_tf32(d, ah, bh0, bh1);
+  mma_tf32(e, ah, b0 - bh0, b1 - bh1);
+  if (!a_exact) mma_tf32(e, al, bh0, bh1);
 }
 
 // NT n-tiles (8 value columns each) per block, W warps; Dv % (8 NT) == 0 (host).
@@ -305,9 +306,11 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
     __syncthreads();
     // 5. P = X S0: warp w owns n-tiles w NPW .. + NPW - 1 over all keys.
     {
-      float p[NPW][4];
+      float p[NPW][4], pe[NPW][4];  // main and correction products
 #pragma unroll
-      for (int nt = 0; nt < NPW; ++nt) p[nt][0] = p[nt][1] = p[nt][2] = p[nt][3] = 0.f;
+      for (int nt = 0; nt < NPW; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) p[nt][r] = pe[nt][r] = 0.f;
       // B fragments: keys 8 k-step + lane % 4 (+ 4), columns 8 n-tile + lane / 4; the row
       // swizzle (key % 4 = lane % 4) is the same for every k-step: per-thread bases.
       const float* bcol[NPW];
@@ -319,13 +322,16 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
         const float4 l = x_exact ? h : reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
 #pragma unroll
         for (int nt = 0; nt < NPW; ++nt)
-          mma_3xtf32(p[nt], h, l, bcol[nt][8 * kst * CB], bcol[nt][(8 * kst + 4) * CB], x_exact);
+          mma_3xtf32(p[nt], pe[nt], h, l, bcol[nt][8 * kst * CB], bcol[nt][(8 * kst + 4) * CB],
+                     x_exact);
       }
 #pragma unroll
       for (int nt = 0; nt < NPW; ++nt) {
         const int j = 8 * (warp * NPW + nt) + 2 * lc;
-        *reinterpret_cast<float2*>(Ps + lg * PS + j) = make_float2(p[nt][0], p[nt][1]);
-        *reinterpret_cast<float2*>(Ps + (lg + 8) * PS + j) = make_float2(p[nt][2], p[nt][3]);
+        *reinterpret_cast<float2*>(Ps + lg * PS + j) =
+            make_float2(p[nt][0] + pe[nt][0], p[nt][1] + pe[nt][1]);
+        *reinterpret_cast<float2*>(Ps + (lg + 8) * PS + j) =
+            make_float2(p[nt][2] + pe[nt][2], p[nt][3] + pe[nt][3]);
       }
     }
     __syncthreads();
@@ -378,22 +384,35 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       const float4 kh = make_float4(tf32_hi(ka.x), tf32_hi(ka.y), tf32_hi(ka.z), tf32_hi(ka.w));
       const float4 kl = make_float4(ka.x - kh.x, ka.y - kh.y, ka.z - kh.z, ka.w - kh.w);
       float* srow = Ss + i * CB + 2 * lc;
-      float* grow = last ? out + i * a.hout_s2 + 2 * lc : nullptr;
-      const std::int64_t g8 = 8 * a.hout_s2;
+      // The new state of n-tile nt: gamma S0 + K~^T U (the shared S0 pairs and u as loaded).
+      auto tile = [&](int nt, float2 s01, float2 s23, float (&d)[4]) {
+        float e[4] = {0.f, 0.f, 0.f, 0.f};
+        d[0] = gl * s01.x, d[1] = gl * s01.y, d[2] = gl * s23.x, d[3] = gl * s23.y;
+        mma_3xtf32(d, e, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) d[r] += e[r];
+      };
+      if (last) {  // to the state rows in global memory (no shared store: loads run ahead)
+        float* grow = out + i * a.hout_s2 + 2 * lc;
+        const std::int64_t g8 = 8 * a.hout_s2;
 #pragma unroll 4
-      for (int nt = 0; nt < NT; ++nt) {
-        float* c01 = srow + 8 * (nt ^ sw);
-        float* c23 = c01 + 8 * CB;
-        const float2 s01 = *reinterpret_cast<const float2*>(c01);
-        const float2 s23 = *reinterpret_cast<const float2*>(c23);
-        float d[4] = {gl * s01.x, gl * s01.y, gl * s23.x, gl * s23.y};
-        mma_3xtf32(d, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
-        if (last) {
+        for (int nt = 0; nt < NT; ++nt) {
+          const float* c01 = srow + 8 * (nt ^ sw);
+          float d[4];
+          tile(nt, *reinterpret_cast<const float2*>(c01),
+               *reinterpret_cast<const float2*>(c01 + 8 * CB), d);
           __stcs(reinterpret_cast<float2*>(grow + 8 * nt), make_float2(d[0], d[1]));
           __stcs(reinterpret_cast<float2*>(grow + g8 + 8 * nt), make_float2(d[2], d[3]));
-        } else {
+        }
+      } else {  // back to shared memory for the next chunk (each pair read and written here)
+#pragma unroll 4
+        for (int nt = 0; nt < NT; ++nt) {
+          float* c01 = srow + 8 * (nt ^ sw);
+          float d[4];
+          tile(nt, *reinterpret_cast<const float2*>(c01),
+               *reinterpret_cast<const float2*>(c01 + 8 * CB), d);
           *reinterpret_cast<float2*>(c01) = make_float2(d[0], d[1]);
-          *reinterpret_cast<float2*>(c23) = make_float2(d[2], d[3]);
+          *reinterpret_cast<float2*>(c01 + 8 * CB) = make_float2(d[2], d[3]);
         }
       }
     }
