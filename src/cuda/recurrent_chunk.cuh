@@ -24,10 +24,11 @@
 //  3. the A operand X = [k_0 .. k_7; q_0 .. q_7] (16 x Dk, raw values, zero rows for masked or
 //     padding tokens) in mma fragment order, split into tf32 hi + lo parts;
 //  4. warp 0: the Gram X X^T on the tensor cores (the fragments of X serve as those of X^T),
-//     then the chunk's 8 x 8 coefficients (Dec, the solve's L, o's Mo, row factors);
+//     then the chunk's 8 x 8 coefficients (Dec, the solve's L, o's Mo, row factors) and, a
+//     column per lane, Ti = (I + L)^-1 and W = Mo Ti (u = Ti b, o = cQ P_Q + W b below);
 //  5. P = X S0 (16 x CB) on the tensor cores, 3xTF32 (2 passes when X is exact in tf32, i.e.
 //     16-bit inputs): rows 0-7 S0^T k_s, rows 8-15 S0^T q_t;
-//  6. per value column: u by forward substitution, o (stored);
+//  6. per value column: b_s = beta_s v_s - beta_s gamma_s rk_s P_K[s], u = Ti b, o (stored);
 //  7. S_C = gamma S0 + K~^T U on the tensor cores (M = keys, N = values, K = 8 tokens; C read
 //     from shared memory), stored to the state (last chunk) or back to shared memory.
 // Decode in place: a block reads its whole slice before it writes; blocks share no columns.
@@ -64,7 +65,9 @@ struct ChunkLayout {
   static constexpr int kGram = kU + kTok * kPS;          // [16][16] X X^T
   static constexpr int kL = kGram + 256;                 // [8][8] solve coefficients
   static constexpr int kMo = kL + 64;                    // [8][8] o coefficients
-  static constexpr int kCK = kMo + 64;                   // [8] beta_s gamma_s rk_s
+  static constexpr int kTi = kMo + 64;                   // [8][8] (I + L)^-1
+  static constexpr int kW = kTi + 64;                    // [8][8] Mo (I + L)^-1
+  static constexpr int kCK = kW + 64;                    // [8] beta_s gamma_s rk_s
   static constexpr int kCQ = kCK + kTok;                 // [8] gamma_t fq_t (0 if masked)
   static constexpr int kCU = kCQ + kTok;                 // [8] Dec[C-1][s] rk_s
   static constexpr int kBE = kCU + kTok;                 // [8] beta_s (0 if masked)
@@ -144,6 +147,8 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
   float* Gr = sm + Ly::kGram;
   float* Lc = sm + Ly::kL;
   float* Mo = sm + Ly::kMo;
+  float* Ti = sm + Ly::kTi;
+  float* Wo = sm + Ly::kW;
   float* cK = sm + Ly::kCK;
   float* cQ = sm + Ly::kCQ;
   float* cU = sm + Ly::kCU;
@@ -265,21 +270,22 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       *reinterpret_cast<float2*>(Gr + lg * 16 + 8 + 2 * lc) = make_float2(gq[0], gq[1]);
       *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 8 + 2 * lc) = make_float2(gq[2], gq[3]);
       __syncwarp();
-      // Every lane: the decays and key norms of all 8 tokens; lane t < 8: row t.
+      // Lane t (mod 8): token t's decay, beta, norms; every lane gets all tokens' decays and key
+      // norms by shuffles.
       const bool l2 = a.qk_l2norm;
-      float av[8], rk[8];
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const bool live = s < cnt && ms[s] != 0.f;
-        av[s] = live ? gs[s] : 1.f;
-        rk[s] = l2 ? 1.f / sqrtf(Gr[s * 17] + a.eps) : 1.f;
-      }
       const int t = lane & 7;
       const bool live_t = t < cnt && ms[t] != 0.f;
+      const float a_t = live_t ? gs[t] : 1.f;
       const float be_t = live_t ? bs[t] : 0.f;
       const float rk_t = l2 ? 1.f / sqrtf(Gr[t * 17] + a.eps) : 1.f;
       const float fq_t = a.scale * (l2 ? 1.f / sqrtf(Gr[(8 + t) * 17] + a.eps) : 1.f);
-      float dec[8];
+      float av[8], rk[8];
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        av[s] = __shfl_sync(0xffffffffu, a_t, s);
+        rk[s] = __shfl_sync(0xffffffffu, rk_t, s);
+      }
+      float dec[8];  // Dec[t][s]; d ends as gamma_t
       float d = 1.f;
 #pragma unroll
       for (int s = 7; s >= 0; --s) {
@@ -299,6 +305,27 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
 #pragma unroll
           for (int s = 0; s < 8; ++s) cU[s] = dec[s] * rk[s];
           gam[0] = d;
+        }
+      }
+      __syncwarp();
+      // Lane c < 8: column c of Ti = (I + L)^-1 (forward substitution from e_c) and of W = Mo Ti.
+      if (lane < 8) {
+        const int c = lane;
+        float x[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          float v = r == c ? 1.f : 0.f;
+#pragma unroll
+          for (int q = 0; q < r; ++q) v -= Lc[r * 8 + q] * x[q];
+          x[r] = r < c ? 0.f : v;
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          float w = 0.f;
+#pragma unroll
+          for (int q = 0; q <= r; ++q) w += Mo[r * 8 + q] * x[q];
+          Ti[r * 8 + c] = x[r];
+          Wo[r * 8 + c] = w;
         }
       }
     }
@@ -335,30 +362,27 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       }
     }
     __syncthreads();
-    // 6. Per value column j: u by forward substitution (every thread of the column), o for the
-    //    tokens t with t % GROUPS == the thread's group, u stored by group 0.
+    // 6. Per value column j: b_r = beta_r v_r - cK_r P_K[r] (every thread of the column), then
+    //    the rows u_s = sum_r Ti[s][r] b_r and o_t = cQ_t P_Q[t] + sum_r W[t][r] b_r, row rho
+    //    (u_0..7, o_0..7) by the thread whose group is rho % GROUPS.
     {
       const int j = tid % CB, grp = tid / CB;
-      float u[8];
+      float bb[8];
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        float x = 0.f;
-        if (s < cnt) x = bE[s] != 0.f ? bE[s] * vs[s * CB + j] - cK[s] * Ps[s * PS + j] : 0.f;
+      for (int r = 0; r < 8; ++r)
+        bb[r] = r < cnt && bE[r] != 0.f ? bE[r] * vs[r * CB + j] - cK[r] * Ps[r * PS + j] : 0.f;
 #pragma unroll
-        for (int r = 0; r < s; ++r) x -= Lc[s * 8 + r] * u[r];
-        u[s] = x;
-      }
-      if (grp == 0) {
+      for (int rho = 0; rho < 16; ++rho) {
+        if (rho % GROUPS != grp) continue;
+        const int t = rho & 7;
+        const float* coef = (rho < 8 ? Ti : Wo) + t * 8;
+        float x = rho < 8 ? 0.f : cQ[t] * Ps[(8 + t) * PS + j];
 #pragma unroll
-        for (int s = 0; s < 8; ++s) Us[s * PS + j] = u[s];
-      }
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        if (t % GROUPS != grp || t >= cnt) continue;
-        float o = cQ[t] * Ps[(8 + t) * PS + j];
-#pragma unroll
-        for (int s = 0; s <= t; ++s) o += Mo[t * 8 + s] * u[s];
-        store_from_float(a.o, orow + (tb + t) * a.o_st + j, a.in_dtype, o);
+        for (int r = 0; r <= t; ++r) x += coef[r] * bb[r];
+        if (rho < 8)
+          Us[t * PS + j] = x;
+        else if (t < cnt)
+          store_from_float(a.o, orow + (tb + t) * a.o_st + j, a.in_dtype, x);
       }
     }
     __syncthreads();
@@ -386,11 +410,8 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       float* srow = Ss + i * CB + 2 * lc;
       // The new state of n-tile nt: gamma S0 + K~^T U (the shared S0 pairs and u as loaded).
       auto tile = [&](int nt, float2 s01, float2 s23, float (&d)[4]) {
-        float e[4] = {0.f, 0.f, 0.f, 0.f};
         d[0] = gl * s01.x, d[1] = gl * s01.y, d[2] = gl * s23.x, d[3] = gl * s23.y;
-        mma_3xtf32(d, e, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) d[r] += e[r];
+        mma_3xtf32(d, d, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
       };
       if (last) {  // to the state rows in global memory (no shared store: loads run ahead)
         float* grow = out + i * a.hout_s2 + 2 * lc;
