@@ -35,6 +35,7 @@ std::atomic<int> g_path_override{0};
 std::atomic<int> g_prefetch_override{0};
 std::atomic<int> g_load_override{0};
 std::atomic<int> g_chunk_columns_override{0};
+std::atomic<int> g_chunk_order_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
@@ -298,6 +299,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     refuse(op,
            "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
   a.splits = static_cast<int>(splits);
+  a.chunk_state_late = g_chunk_order_override.load(std::memory_order_relaxed) == 2;
   // 16-bit inputs are exact in tf32: no shared lo part of X.
   const bool x_exact = prob.dtype != DType::f32;
   auto run = [&](auto kernel, int threads, auto layout) {
@@ -417,6 +419,10 @@ void set_recurrent_load_override(int mode) {
 
 void set_recurrent_chunk_columns_override(int columns) {
   g_chunk_columns_override.store(columns == 32 || columns == 64 || columns == 128 ? columns : 0);
+}
+
+void set_recurrent_chunk_order_override(int mode) {
+  g_chunk_order_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_path_override(int path) {

@@ -186,8 +186,9 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
     return;
   }
 
-  // 1. The state slice, in flight while the first chunk is staged and its coefficients formed.
-  if (a.h_in) {
+  // 1. The state slice, in flight while the first chunk is staged and its coefficients formed
+  //    (a.chunk_state_late: issued after the first chunk's staging loads instead).
+  auto issue_state = [&]() {
     // Thread: unit c of key rows i0, i0 + RPI, ...; RPI % 4 == 0 keeps the row swizzle.
     constexpr int UPR = CB / 4, RPI = NTHREADS / UPR;
     static_assert(NTHREADS % UPR == 0 && RPI % 4 == 0 && DK % RPI == 0);
@@ -199,9 +200,12 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
     for (int it = 0; it < DK / RPI; ++it) cp_async16(dst + it * RPI * CB, src + it * step);
     cp_async_commit();
     if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, false>(a, CB, 4);
-  } else {
+  };
+  if (!a.h_in) {
     for (int f = tid; f < DK * CB / 4; f += NTHREADS)
       reinterpret_cast<float4*>(Ss)[f] = make_float4(0.f, 0.f, 0.f, 0.f);
+  } else if (!a.chunk_state_late) {
+    issue_state();
   }
 
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
@@ -232,6 +236,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
                                   vs, gs, bs, ms);
       }
     }
+    if (ch == 0 && a.h_in && a.chunk_state_late) issue_state();
     __syncthreads();
     // 3. X in fragment order: float4 f = (k-step, lane) holds lane's a0..a3 of that k-step,
     //    i.e. k_t[col], q_t[col], k_t[col + 4], q_t[col + 4] with t = lane / 4, col = 8 k-step +
@@ -363,23 +368,29 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
     }
     __syncthreads();
     // 6. Per value column j: b_r = beta_r v_r - cK_r P_K[r] (every thread of the column), then
-    //    the rows u_s = sum_r Ti[s][r] b_r and o_t = cQ_t P_Q[t] + sum_r W[t][r] b_r, row rho
-    //    (u_0..7, o_0..7) by the thread whose group is rho % GROUPS.
+    //    16 / GROUPS of the rows u_s = sum_r Ti[s][r] b_r (rows 0-7) and o_t = cQ_t P_Q[t] +
+    //    sum_r W[t][r] b_r (rows 8-15): group g takes rows g 16 / GROUPS .., so that a warp does
+    //    only u rows or only o rows (GROUPS >= 2; Ti and W are zero above the diagonal).
     {
+      constexpr int ROWS = 16 / GROUPS;
+      static_assert(GROUPS >= 2 && 16 % GROUPS == 0);
       const int j = tid % CB, grp = tid / CB;
       float bb[8];
 #pragma unroll
       for (int r = 0; r < 8; ++r)
         bb[r] = r < cnt && bE[r] != 0.f ? bE[r] * vs[r * CB + j] - cK[r] * Ps[r * PS + j] : 0.f;
+      const int rho0 = grp * ROWS;
+      const bool u_rows = rho0 < 8;
+      const float* coef = (u_rows ? Ti : Wo) + (rho0 & 7) * 8;
 #pragma unroll
-      for (int rho = 0; rho < 16; ++rho) {
-        if (rho % GROUPS != grp) continue;
-        const int t = rho & 7;
-        const float* coef = (rho < 8 ? Ti : Wo) + t * 8;
-        float x = rho < 8 ? 0.f : cQ[t] * Ps[(8 + t) * PS + j];
-#pragma unroll
-        for (int r = 0; r <= t; ++r) x += coef[r] * bb[r];
-        if (rho < 8)
+      for (int k = 0; k < ROWS; ++k) {
+        const int t = (rho0 & 7) + k;
+        const float4 c0 = reinterpret_cast<const float4*>(coef + 8 * k)[0];
+        const float4 c1 = reinterpret_cast<const float4*>(coef + 8 * k)[1];
+        float x = u_rows ? 0.f : cQ[t] * Ps[(8 + t) * PS + j];
+        x += c0.x * bb[0] + c0.y * bb[1] + c0.z * bb[2] + c0.w * bb[3];
+        x += c1.x * bb[4] + c1.y * bb[5] + c1.z * bb[6] + c1.w * bb[7];
+        if (u_rows)
           Us[t * PS + j] = x;
         else if (t < cnt)
           store_from_float(a.o, orow + (tb + t) * a.o_st + j, a.in_dtype, x);

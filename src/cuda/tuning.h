@@ -86,6 +86,10 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
 // (128 only where Dv % 128 == 0); 0 restores the rule.
 void set_recurrent_chunk_columns_override(int columns);
 
+// Experiments: the chunk kernel's state copy issued 1 = before the staging loads (the default),
+// 2 = after them; 0 restores the default.
+void set_recurrent_chunk_order_override(int mode);
+
 // Where the rules take the chunk kernel (when it applies): from 2 tokens per sequence.
 constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen) {
   return varlen || tokens >= 2;
