@@ -24,11 +24,10 @@
 //  3. the A operand X = [k_0 .. k_7; q_0 .. q_7] (16 x Dk, raw values, zero rows for masked or
 //     padding tokens) in mma fragment order, split into tf32 hi + lo parts;
 //  4. warp 0: the Gram X X^T on the tensor cores (the fragments of X serve as those of X^T),
-//     then the chunk's 8 x 8 coefficients (Dec, the solve's L, o's Mo, row factors) and, a
-//     column per lane, Ti = (I + L)^-1 and W = Mo Ti (u = Ti b, o = cQ P_Q + W b below);
+//     then the chunk's 8 x 8 coefficients (Dec, the solve's L, o's Mo, row factors);
 //  5. P = X S0 (16 x CB) on the tensor cores, 3xTF32 (2 passes when X is exact in tf32, i.e.
 //     16-bit inputs): rows 0-7 S0^T k_s, rows 8-15 S0^T q_t;
-//  6. per value column: b_s = beta_s v_s - beta_s gamma_s rk_s P_K[s], u = Ti b, o (stored);
+//  6. per value column: u by forward substitution, o (stored);
 //  7. S_C = gamma S0 + K~^T U on the tensor cores (M = keys, N = values, K = 8 tokens; C read
 //     from shared memory), stored to the state (last chunk) or back to shared memory.
 // Decode in place: a block reads its whole slice before it writes; blocks share no columns.
@@ -65,9 +64,7 @@ struct ChunkLayout {
   static constexpr int kGram = kU + kTok * kPS;          // [16][16] X X^T
   static constexpr int kL = kGram + 256;                 // [8][8] solve coefficients
   static constexpr int kMo = kL + 64;                    // [8][8] o coefficients
-  static constexpr int kTi = kMo + 64;                   // [8][8] (I + L)^-1
-  static constexpr int kW = kTi + 64;                    // [8][8] Mo (I + L)^-1
-  static constexpr int kCK = kW + 64;                    // [8] beta_s gamma_s rk_s
+  static constexpr int kCK = kMo + 64;                   // [8] beta_s gamma_s rk_s
   static constexpr int kCQ = kCK + kTok;                 // [8] gamma_t fq_t (0 if masked)
   static constexpr int kCU = kCQ + kTok;                 // [8] Dec[C-1][s] rk_s
   static constexpr int kBE = kCU + kTok;                 // [8] beta_s (0 if masked)
@@ -120,6 +117,24 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], float (&e)[4], float4 
   if (!a_exact) mma_tf32(e, al, bh0, bh1);
 }
 
+// The block's state slice S0 [128][CB] -> shared memory (swizzled) by cp.async, one commit
+// group; thread: 16-byte unit c of key rows i0, i0 + RPI, ... (RPI % 4 == 0 keeps the row
+// swizzle). Also the next-wave L2 prefetch of a later block's slice.
+template <int CB, int NTHREADS>
+__device__ __forceinline__ void copy_state_slice(const RecurrentArgs& a, float* Ss,
+                                                 std::int64_t row, int hv, int col0, int tid) {
+  constexpr int DK = 128, UPR = CB / 4, RPI = NTHREADS / UPR;
+  static_assert(NTHREADS % UPR == 0 && RPI % 4 == 0 && DK % RPI == 0);
+  const int c = tid % UPR, i0 = tid / UPR;
+  const float* src = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + col0 + i0 * a.hin_s2 + 4 * c;
+  float* dst = Ss + swizzled<CB>(i0, 4 * c);
+  const std::int64_t step = RPI * a.hin_s2;
+#pragma unroll
+  for (int it = 0; it < DK / RPI; ++it) cp_async16(dst + it * RPI * CB, src + it * step);
+  cp_async_commit();
+  if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, false>(a, CB, 4);
+}
+
 // NT n-tiles (8 value columns each) per block, W warps; Dv % (8 NT) == 0 (host).
 template <int NT, int W>
 __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recurrent_chunk_kernel(
@@ -147,8 +162,6 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
   float* Gr = sm + Ly::kGram;
   float* Lc = sm + Ly::kL;
   float* Mo = sm + Ly::kMo;
-  float* Ti = sm + Ly::kTi;
-  float* Wo = sm + Ly::kW;
   float* cK = sm + Ly::kCK;
   float* cQ = sm + Ly::kCQ;
   float* cU = sm + Ly::kCU;
@@ -188,24 +201,11 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
 
   // 1. The state slice, in flight while the first chunk is staged and its coefficients formed
   //    (a.chunk_state_late: issued after the first chunk's staging loads instead).
-  auto issue_state = [&]() {
-    // Thread: unit c of key rows i0, i0 + RPI, ...; RPI % 4 == 0 keeps the row swizzle.
-    constexpr int UPR = CB / 4, RPI = NTHREADS / UPR;
-    static_assert(NTHREADS % UPR == 0 && RPI % 4 == 0 && DK % RPI == 0);
-    const int c = tid % UPR, i0 = tid / UPR;
-    const float* src = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + col0 + i0 * a.hin_s2 + 4 * c;
-    float* dst = Ss + swizzled<CB>(i0, 4 * c);
-    const std::int64_t step = RPI * a.hin_s2;
-#pragma unroll
-    for (int it = 0; it < DK / RPI; ++it) cp_async16(dst + it * RPI * CB, src + it * step);
-    cp_async_commit();
-    if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, false>(a, CB, 4);
-  };
   if (!a.h_in) {
     for (int f = tid; f < DK * CB / 4; f += NTHREADS)
       reinterpret_cast<float4*>(Ss)[f] = make_float4(0.f, 0.f, 0.f, 0.f);
   } else if (!a.chunk_state_late) {
-    issue_state();
+    copy_state_slice<CB, NTHREADS>(a, Ss, row, hv, col0, tid);
   }
 
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
                                   vs, gs, bs, ms);
       }
     }
-    if (ch == 0 && a.h_in && a.chunk_state_late) issue_state();
+    if (ch == 0 && a.h_in && a.chunk_state_late)
+      copy_state_slice<CB, NTHREADS>(a, Ss, row, hv, col0, tid);
     __syncthreads();
     // 3. X in fragment order: float4 f = (k-step, lane) holds lane's a0..a3 of that k-step,
     //    i.e. k_t[col], q_t[col], k_t[col + 4], q_t[col + 4] with t = lane / 4, col = 8 k-step +
@@ -312,27 +313,6 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
           gam[0] = d;
         }
       }
-      __syncwarp();
-      // Lane c < 8: column c of Ti = (I + L)^-1 (forward substitution from e_c) and of W = Mo Ti.
-      if (lane < 8) {
-        const int c = lane;
-        float x[8];
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          float v = r == c ? 1.f : 0.f;
-#pragma unroll
-          for (int q = 0; q < r; ++q) v -= Lc[r * 8 + q] * x[q];
-          x[r] = r < c ? 0.f : v;
-        }
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          float w = 0.f;
-#pragma unroll
-          for (int q = 0; q <= r; ++q) w += Mo[r * 8 + q] * x[q];
-          Ti[r * 8 + c] = x[r];
-          Wo[r * 8 + c] = w;
-        }
-      }
     }
     if (ch == 0 && a.h_in) cp_async_wait_all();
     __syncthreads();
@@ -367,33 +347,30 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       }
     }
     __syncthreads();
-    // 6. Per value column j: b_r = beta_r v_r - cK_r P_K[r] (every thread of the column), then
-    //    16 / GROUPS of the rows u_s = sum_r Ti[s][r] b_r (rows 0-7) and o_t = cQ_t P_Q[t] +
-    //    sum_r W[t][r] b_r (rows 8-15): group g takes rows g 16 / GROUPS .., so that a warp does
-    //    only u rows or only o rows (GROUPS >= 2; Ti and W are zero above the diagonal).
+    // 6. Per value column j: u by forward substitution (every thread of the column), o for the
+    //    tokens t with t % GROUPS == the thread's group, u stored by group 0.
     {
-      constexpr int ROWS = 16 / GROUPS;
-      static_assert(GROUPS >= 2 && 16 % GROUPS == 0);
       const int j = tid % CB, grp = tid / CB;
-      float bb[8];
+      float u[8];
 #pragma unroll
-      for (int r = 0; r < 8; ++r)
-        bb[r] = r < cnt && bE[r] != 0.f ? bE[r] * vs[r * CB + j] - cK[r] * Ps[r * PS + j] : 0.f;
-      const int rho0 = grp * ROWS;
-      const bool u_rows = rho0 < 8;
-      const float* coef = (u_rows ? Ti : Wo) + (rho0 & 7) * 8;
+      for (int s = 0; s < 8; ++s) {
+        float x = 0.f;
+        if (s < cnt) x = bE[s] != 0.f ? bE[s] * vs[s * CB + j] - cK[s] * Ps[s * PS + j] : 0.f;
 #pragma unroll
-      for (int k = 0; k < ROWS; ++k) {
-        const int t = (rho0 & 7) + k;
-        const float4 c0 = reinterpret_cast<const float4*>(coef + 8 * k)[0];
-        const float4 c1 = reinterpret_cast<const float4*>(coef + 8 * k)[1];
-        float x = u_rows ? 0.f : cQ[t] * Ps[(8 + t) * PS + j];
-        x += c0.x * bb[0] + c0.y * bb[1] + c0.z * bb[2] + c0.w * bb[3];
-        x += c1.x * bb[4] + c1.y * bb[5] + c1.z * bb[6] + c1.w * bb[7];
-        if (u_rows)
-          Us[t * PS + j] = x;
-        else if (t < cnt)
-          store_from_float(a.o, orow + (tb + t) * a.o_st + j, a.in_dtype, x);
+        for (int r = 0; r < s; ++r) x -= Lc[s * 8 + r] * u[r];
+        u[s] = x;
+      }
+      if (grp == 0) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) Us[s * PS + j] = u[s];
+      }
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        if (t % GROUPS != grp || t >= cnt) continue;
+        float o = cQ[t] * Ps[(8 + t) * PS + j];
+#pragma unroll
+        for (int s = 0; s <= t; ++s) o += Mo[t * 8 + s] * u[s];
+        store_from_float(a.o, orow + (tb + t) * a.o_st + j, a.in_dtype, o);
       }
     }
     __syncthreads();
