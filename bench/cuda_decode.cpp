@@ -51,7 +51,6 @@ struct Options {
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
   int chunk_columns = 0;  // the chunk kernel's block (0: the rule)
-  bool chunk_order_ab = false;
   bool paths = false;  // also time the staged (usual and narrow tile) and the one-token kernel
   int path = 0;  // for the whole run: 0 the launch rule, 1 staged, 2 one-token, 3 narrow staged
   bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
@@ -371,8 +370,6 @@ int main(int argc, char** argv) {
                  "4 chunk");
   app.add_option("--chunk-columns", opt.chunk_columns,
                  "the chunk kernel's block: 32, 64 or 128 value columns (0: the rule)");
-  app.add_flag("--chunk-order-ab", opt.chunk_order_ab,
-               "also time the chunk kernel's state copy issued before and after the staging");
   app.add_option("--json", opt.json_path, "write the results here");
   app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
   app.add_option("--dump-b", opt.dump_B);
@@ -466,12 +463,6 @@ int main(int argc, char** argv) {
           std::printf("             state loads evict-first %9.2f us  default policy %9.2f us\n",
                       evict_first, normal);
           load_policy = {{"evict_first", evict_first}, {"default", normal}};
-        }
-        if (opt.chunk_order_ab) {
-          const double early = time_with(gdr::cuda::set_recurrent_chunk_order_override, 1);
-          const double late = time_with(gdr::cuda::set_recurrent_chunk_order_override, 2);
-          std::printf("             chunk state copy before staging %9.2f us  after %9.2f us\n",
-                      early, late);
         }
         for (int mode : opt.prefetch_modes)
           std::printf("             prefetch mode %d %9.2f us\n", mode,

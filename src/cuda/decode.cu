@@ -2,9 +2,10 @@
 // updated in place) and gdr::cuda::recurrent_forward (h0 -> final_state, any T, varlen).
 // Instantiated for Dk in {64, 128, 256}, both state layouts and both gate kinds (12 kernels),
 // the narrow k-first tile at Dk 64 and 128 (4 kernels), plus the one-token kernel
-// (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels);
-// Dv (64, 128, 256), dtypes and the fused options are run-time values (the dtypes and options
-// are read in the per-chunk staging code only).
+// (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels) and the
+// chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; blocks of 32, 64
+// or 128 value columns, 3 kernels); Dv (64, 128, 256), dtypes and the fused options are run-time
+// values (the dtypes and options are read in the per-chunk staging code only).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -35,7 +36,6 @@ std::atomic<int> g_path_override{0};
 std::atomic<int> g_prefetch_override{0};
 std::atomic<int> g_load_override{0};
 std::atomic<int> g_chunk_columns_override{0};
-std::atomic<int> g_chunk_order_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
@@ -67,6 +67,14 @@ static_assert(recurrent_one_loads_normal(6144, 1056, false));
 static_assert(!recurrent_one_loads_normal(4096, 1056, false));
 static_assert(!recurrent_one_loads_normal(8192, 1056, true));
 static_assert(recurrent_one_loads_normal(8192, 528, true));
+// The chunk kernel at T = 8 from B = 32 (1024 heads) on, not at B = 8 (256), T = 4 or T = 32.
+static_assert(recurrent_chunk_preferred(8, false, 32 * 32, 132));
+static_assert(!recurrent_chunk_preferred(8, false, 32 * 8, 132));
+static_assert(!recurrent_chunk_preferred(4, false, 32 * 32, 132));
+static_assert(!recurrent_chunk_preferred(32, false, 32 * 32, 132));
+// Its blocks: 128 columns from 2 blocks per SM (B = 32: 1024 blocks), else 32.
+static_assert(recurrent_chunk_columns(32 * 32, 128, 132) == 128);
+static_assert(recurrent_chunk_columns(32, 128, 132) == 32);
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -299,7 +307,6 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     refuse(op,
            "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
   a.splits = static_cast<int>(splits);
-  a.chunk_state_late = g_chunk_order_override.load(std::memory_order_relaxed) == 2;
   // 16-bit inputs are exact in tf32: no shared lo part of X.
   const bool x_exact = prob.dtype != DType::f32;
   auto run = [&](auto kernel, int threads, auto layout) {
@@ -338,7 +345,8 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const bool varlen = a.cu_seqlens != nullptr;
   if (recurrent_chunk_applies(v_first, per_key, prob.Dk, a.state_bf16,
                               (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
-      (path == 4 || (path == 0 && !one_applies && recurrent_chunk_preferred(a.T, varlen)))) {
+      (path == 4 ||
+       (path == 0 && !one_applies && recurrent_chunk_preferred(a.T, varlen, heads, sms)))) {
     launch_chunk(a, prob, sms, op, stream);
     return;
   }
@@ -419,10 +427,6 @@ void set_recurrent_load_override(int mode) {
 
 void set_recurrent_chunk_columns_override(int columns) {
   g_chunk_columns_override.store(columns == 32 || columns == 64 || columns == 128 ? columns : 0);
-}
-
-void set_recurrent_chunk_order_override(int mode) {
-  g_chunk_order_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_path_override(int path) {

@@ -94,9 +94,6 @@ struct RecurrentArgs {
   // The one-token kernel's 16-byte state loads with the default cache policy instead of
   // evict-first (tuning.h, recurrent_one_loads_normal).
   bool state_ld_normal;
-  // The chunk kernel (recurrent_chunk.cuh) issues the state's copy after the first chunk's staging
-  // loads instead of before them (an experiment: tuning.h, set_recurrent_chunk_order_override).
-  bool chunk_state_late;
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the

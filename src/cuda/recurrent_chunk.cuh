@@ -17,10 +17,10 @@
 // ranges (no division by a cumulative decay that may underflow).
 //
 // A block owns CB = 8 NT value columns of one (sequence, value head) and all Dk keys. Per chunk:
-//  1. (first chunk) the state slice S0 [Dk][CB] -> shared memory by cp.async (16-byte units,
-//     swizzled, below), in flight while 2.-4. run; the L2 asked for a later block's state
+//  1. stage the chunk's q, k, v, gates, beta, mask (recurrent.cuh's staging);
+//  2. (first chunk) the state slice S0 [Dk][CB] -> shared memory by cp.async (16-byte units,
+//     swizzled, below), in flight while 3.-4. run; the L2 asked for a later block's state
 //     (recurrent.cuh, prefetch_state_of_block);
-//  2. stage the chunk's q, k, v, gates, beta, mask (recurrent.cuh's staging);
 //  3. the A operand X = [k_0 .. k_7; q_0 .. q_7] (16 x Dk, raw values, zero rows for masked or
 //     padding tokens) in mma fragment order, split into tf32 hi + lo parts;
 //  4. warp 0: the Gram X X^T on the tensor cores (the fragments of X serve as those of X^T),
@@ -199,13 +199,11 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
     return;
   }
 
-  // 1. The state slice, in flight while the first chunk is staged and its coefficients formed
-  //    (a.chunk_state_late: issued after the first chunk's staging loads instead).
+  // 1. (No h_in: a zero state. Otherwise the slice is copied after the first chunk's staging
+  //    loads, below.)
   if (!a.h_in) {
     for (int f = tid; f < DK * CB / 4; f += NTHREADS)
       reinterpret_cast<float4*>(Ss)[f] = make_float4(0.f, 0.f, 0.f, 0.f);
-  } else if (!a.chunk_state_late) {
-    copy_state_slice<CB, NTHREADS>(a, Ss, row, hv, col0, tid);
   }
 
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
@@ -227,7 +225,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
     const std::int64_t tb = ch * 8;
     const int cnt = static_cast<int>(len - tb < 8 ? len - tb : 8);  // 0 only when len == 0
     if (ch > 0) __syncthreads();  // the previous chunk's readers are done
-    // 2. Staging.
+    // Staging.
     if (cnt > 0) {
       if (a.vec_tok) {
         stage_units<DK, false>(a, rows, cnt, tb, CB, A, dtb, qs, ks, vs, gs, bs, ms);
@@ -236,8 +234,10 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
                                   vs, gs, bs, ms);
       }
     }
-    if (ch == 0 && a.h_in && a.chunk_state_late)
-      copy_state_slice<CB, NTHREADS>(a, Ss, row, hv, col0, tid);
+    // 1. The state slice, in flight while X, the Gram and the coefficients are formed. Issued
+    //    after the staging loads: before them, the small token loads queue behind the 64 KB copy
+    //    and the block waits longer (bench/NOTES-gpu.md, v30: T = 8, B = 256 421 -> 393 us).
+    if (ch == 0 && a.h_in) copy_state_slice<CB, NTHREADS>(a, Ss, row, hv, col0, tid);
     __syncthreads();
     // 3. X in fragment order: float4 f = (k-step, lane) holds lane's a0..a3 of that k-step,
     //    i.e. k_t[col], q_t[col], k_t[col + 4], q_t[col + 4] with t = lane / 4, col = 8 k-step +

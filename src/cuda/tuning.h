@@ -86,13 +86,16 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
 // (128 only where Dv % 128 == 0); 0 restores the rule.
 void set_recurrent_chunk_columns_override(int columns);
 
-// Experiments: the chunk kernel's state copy issued 1 = before the staging loads (the default),
-// 2 = after them; 0 restores the default.
-void set_recurrent_chunk_order_override(int mode);
-
-// Where the rules take the chunk kernel (when it applies): from 2 tokens per sequence.
-constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen) {
-  return varlen || tokens >= 2;
+// Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on
+// the H200 (bench/NOTES-gpu.md, v30; Hv = 32, Dk = Dv = 128, bf16 inputs, us staged | chunk, same
+// process): T = 8: B = 8 18.8 | 22.7, B = 32 66.6 | 58.7, B = 64 119.7 | 107.0, B = 256 426.1 |
+// 392.5; T = 16: B = 32 99.9 | 92.3, B = 256 683.9 | 665.0; T = 4: B = 32 52.7 | 55.0, B = 256
+// 337.0 | 370.6. Per further chunk of 8 tokens the chunk kernel costs more than the staged one
+// (T = 8 -> 16 at B = 256: +273 against +258 us), so long sequences stay staged. Rule: 8 to 16
+// tokens per sequence (no varlen) and at least 4 heads per SM.
+constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::int64_t heads,
+                                         int sm_count) {
+  return !varlen && tokens >= 8 && tokens <= 16 && heads >= 4 * static_cast<std::int64_t>(sm_count);
 }
 
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).
