@@ -253,6 +253,65 @@ __device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
   return __ldg(reinterpret_cast<const float*>(p));
 }
 
+// The work of block blockIdx.x = (n * Hv + hv) * splits + split (the grid is < 2^31 blocks,
+// host): sequence n, its batch row b and tokens [t0, t0 + len) (varlen: row 0, tokens from
+// cu_seqlens), its state row (state_indices[n], or n), value head hv and key head hk.
+struct BlockItem {
+  std::int64_t n, b, t0, len, row;
+  int hv, hk, split;
+};
+
+__device__ __forceinline__ BlockItem block_item(const RecurrentArgs& a) {
+  BlockItem it;
+  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
+  it.split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  it.hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  it.hk = it.hv / a.group;
+  it.n = nq;
+  it.b = it.n, it.t0 = 0, it.len = a.T;
+  if (a.cu_seqlens) {
+    it.b = 0;
+    it.t0 = load_index(a.cu_seqlens, it.n, a.cu_dtype);
+    it.len = load_index(a.cu_seqlens, it.n + 1, a.cu_dtype) - it.t0;
+  }
+  it.row = a.state_indices ? load_index(a.state_indices, it.n, a.idx_dtype) : it.n;
+  return it;
+}
+
+// A skipped pool row (negative index) writes o = 0 for the block's cb columns from col0, an index
+// >= P (device indices are not checked on the host) o = NaN; neither touches the state. Returns
+// whether the block's row is one of those (the block is then done).
+__device__ __forceinline__ bool fill_o_of_skipped_row(const RecurrentArgs& a, const BlockItem& it,
+                                                      int col0, int cb) {
+  if (it.row >= 0 && it.row < a.P) return false;
+  const float fill = it.row < 0 ? 0.f : __int_as_float(0x7fc00000);
+  for (std::int64_t e = threadIdx.x; e < it.len * cb; e += blockDim.x) {
+    const std::int64_t t = e / cb;
+    const int c = static_cast<int>(e % cb);
+    store_from_float(a.o, it.b * a.o_sb + (it.t0 + t) * a.o_st + it.hv * a.o_sh + col0 + c,
+                     a.in_dtype, fill);
+  }
+  return true;
+}
+
+// The block's first token row of every input (v from column col0); o as an element index.
+__device__ __forceinline__ BlockRows block_rows(const RecurrentArgs& a, const BlockItem& it,
+                                                int col0) {
+  const std::int64_t b = it.b, t0 = it.t0;
+  const int es = dtype_bytes(a.in_dtype);
+  BlockRows rows;
+  rows.q = token_rows(a.q, es, b * a.q_sb + t0 * a.q_st + it.hk * a.q_sh, a.q_st);
+  rows.k = token_rows(a.k, es, b * a.k_sb + t0 * a.k_st + it.hk * a.k_sh, a.k_st);
+  rows.v = token_rows(a.v, es, b * a.v_sb + t0 * a.v_st + it.hv * a.v_sh + col0, a.v_st);
+  rows.g =
+      token_rows(a.g, dtype_bytes(a.g_dtype), b * a.g_sb + t0 * a.g_st + it.hv * a.g_sh, a.g_st);
+  rows.beta = token_rows(a.beta, dtype_bytes(a.beta_dtype),
+                         b * a.beta_sb + t0 * a.beta_st + it.hv * a.beta_sh, a.beta_st);
+  rows.mask = token_rows(a.mask, 1, b * a.mask_sb + t0 * a.mask_st, a.mask_st);
+  return rows;
+}
+
 // Per-token scalars: [scalar g: cnt (scalar gate only)][beta: cnt][mask: cnt]; loaded into
 // `x` (at most 2 per thread: 3 * 16 <= 2 * 32), stored by store_scalars after the other loads.
 // `tb` is the chunk's first token relative to the block's first token.
@@ -593,37 +652,12 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int cb = nwarps * CW;
-  // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
-  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
-  const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
-  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
-  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
-  const std::int64_t n = nq;
-  const int hk = hv / a.group;
-  const int col0 = split * cb;        // first value column of the block
+  const BlockItem it = block_item(a);
+  const int hv = it.hv, hk = it.hk;
+  const std::int64_t b = it.b, t0 = it.t0, len = it.len, row = it.row;
+  const int col0 = it.split * cb;     // first value column of the block
   const int colw = col0 + warp * CW;  // first value column of the warp
-
-  std::int64_t b = n, t0 = 0, len = a.T;
-  if (a.cu_seqlens) {
-    b = 0;
-    t0 = load_index(a.cu_seqlens, n, a.cu_dtype);
-    len = load_index(a.cu_seqlens, n + 1, a.cu_dtype) - t0;
-  }
-  std::int64_t row = n;
-  if (a.state_indices) row = load_index(a.state_indices, n, a.idx_dtype);
-
-  // Skipped pool row (negative index): o = 0 for the block's columns, state untouched. An
-  // index >= P (device indices are not checked on the host) writes NaN to o, state untouched.
-  if (row < 0 || row >= a.P) {
-    const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
-    for (std::int64_t e = threadIdx.x; e < len * cb; e += blockDim.x) {
-      const std::int64_t t = e / cb;
-      const int c = static_cast<int>(e % cb);
-      store_from_float(a.o, b * a.o_sb + (t0 + t) * a.o_st + hv * a.o_sh + col0 + c, a.in_dtype,
-                       fill);
-    }
-    return;
-  }
+  if (fill_o_of_skipped_row(a, it, col0, cb)) return;
 
   // Offset of the thread's vector m inside one state row (s2 = stride of the third dim).
   auto offset = [&](int m, std::int64_t s2) -> std::int64_t {
@@ -663,17 +697,8 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
 
-  // The block's first token row of every input; o as an element index (store_from_float).
-  const int es = dtype_bytes(a.in_dtype);
-  BlockRows rows;
-  rows.q = token_rows(a.q, es, b * a.q_sb + t0 * a.q_st + hk * a.q_sh, a.q_st);
-  rows.k = token_rows(a.k, es, b * a.k_sb + t0 * a.k_st + hk * a.k_sh, a.k_st);
-  rows.v = token_rows(a.v, es, b * a.v_sb + t0 * a.v_st + hv * a.v_sh + col0, a.v_st);
-  rows.g = token_rows(a.g, dtype_bytes(a.g_dtype), b * a.g_sb + t0 * a.g_st + hv * a.g_sh, a.g_st);
-  rows.beta = token_rows(a.beta, dtype_bytes(a.beta_dtype),
-                         b * a.beta_sb + t0 * a.beta_st + hv * a.beta_sh, a.beta_st);
-  rows.mask = token_rows(a.mask, 1, b * a.mask_sb + t0 * a.mask_st, a.mask_st);
-  const std::int64_t orow = b * a.o_sb + t0 * a.o_st + hv * a.o_sh;
+  const BlockRows rows = block_rows(a, it, col0);
+  const std::int64_t orow = b * a.o_sb + t0 * a.o_st + hv * a.o_sh;  // o as an element index
 
   for (std::int64_t tb = 0; tb < len; tb += tc) {
     const int cnt = static_cast<int>(len - tb < tc ? len - tb : tc);

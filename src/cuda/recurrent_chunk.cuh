@@ -170,34 +170,11 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int lg = lane >> 2, lc = lane & 3;  // mma fragment row group and column
-  // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
-  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
-  const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
-  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
-  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
-  const std::int64_t n = nq;
-  const int hk = hv / a.group;
-  const int col0 = split * CB;
-
-  std::int64_t b = n, t0 = 0, len = a.T;
-  if (a.cu_seqlens) {
-    b = 0;
-    t0 = load_index(a.cu_seqlens, n, a.cu_dtype);
-    len = load_index(a.cu_seqlens, n + 1, a.cu_dtype) - t0;
-  }
-  std::int64_t row = n;
-  if (a.state_indices) row = load_index(a.state_indices, n, a.idx_dtype);
-  // Skipped pool row (negative index): o = 0, state untouched; an index >= P: o = NaN.
-  if (row < 0 || row >= a.P) {
-    const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
-    for (std::int64_t e = tid; e < len * CB; e += NTHREADS) {
-      const std::int64_t t = e / CB;
-      const int c = static_cast<int>(e % CB);
-      store_from_float(a.o, b * a.o_sb + (t0 + t) * a.o_st + hv * a.o_sh + col0 + c, a.in_dtype,
-                       fill);
-    }
-    return;
-  }
+  const BlockItem it = block_item(a);
+  const int hv = it.hv, hk = it.hk;
+  const std::int64_t b = it.b, t0 = it.t0, len = it.len, row = it.row;
+  const int col0 = it.split * CB;
+  if (fill_o_of_skipped_row(a, it, col0, CB)) return;
 
   // 1. (No h_in: a zero state. Otherwise the slice is copied after the first chunk's staging
   //    loads, below.)
@@ -208,15 +185,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
 
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
-  const int es = dtype_bytes(a.in_dtype);
-  BlockRows rows;
-  rows.q = token_rows(a.q, es, b * a.q_sb + t0 * a.q_st + hk * a.q_sh, a.q_st);
-  rows.k = token_rows(a.k, es, b * a.k_sb + t0 * a.k_st + hk * a.k_sh, a.k_st);
-  rows.v = token_rows(a.v, es, b * a.v_sb + t0 * a.v_st + hv * a.v_sh + col0, a.v_st);
-  rows.g = token_rows(a.g, dtype_bytes(a.g_dtype), b * a.g_sb + t0 * a.g_st + hv * a.g_sh, a.g_st);
-  rows.beta = token_rows(a.beta, dtype_bytes(a.beta_dtype),
-                         b * a.beta_sb + t0 * a.beta_st + hv * a.beta_sh, a.beta_st);
-  rows.mask = token_rows(a.mask, 1, b * a.mask_sb + t0 * a.mask_st, a.mask_st);
+  const BlockRows rows = block_rows(a, it, col0);
   const std::int64_t orow = b * a.o_sb + t0 * a.o_st + hv * a.o_sh + col0;
   const bool x_exact = a.in_dtype != kF32;  // 16-bit inputs are exact in tf32 (X lo = 0)
 
