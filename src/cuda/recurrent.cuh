@@ -256,6 +256,10 @@ __device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
 // The work of block blockIdx.x = (n * Hv + hv) * splits + split (the grid is < 2^31 blocks,
 // host): sequence n, its batch row b and tokens [t0, t0 + len) (varlen: row 0, tokens from
 // cu_seqlens), its state row (state_indices[n], or n), value head hv and key head hk.
+// block_item, fill_o_of_skipped_row and block_rows serve the chunk kernel (recurrent_chunk.cuh).
+// recurrent_kernel below keeps the same steps written inline: built on these helpers it measured
+// 2-3 % slower at T = 8 on the H200 (87924c2, bench/NOTES-gpu.md v30), the way an earlier
+// refactor of it did (3666dba).
 struct BlockItem {
   std::int64_t n, b, t0, len, row;
   int hv, hk, split;
@@ -652,12 +656,37 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int cb = nwarps * CW;
-  const BlockItem it = block_item(a);
-  const int hv = it.hv, hk = it.hk;
-  const std::int64_t b = it.b, t0 = it.t0, len = it.len, row = it.row;
-  const int col0 = it.split * cb;     // first value column of the block
+  // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
+  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  const std::int64_t n = nq;
+  const int hk = hv / a.group;
+  const int col0 = split * cb;        // first value column of the block
   const int colw = col0 + warp * CW;  // first value column of the warp
-  if (fill_o_of_skipped_row(a, it, col0, cb)) return;
+
+  std::int64_t b = n, t0 = 0, len = a.T;
+  if (a.cu_seqlens) {
+    b = 0;
+    t0 = load_index(a.cu_seqlens, n, a.cu_dtype);
+    len = load_index(a.cu_seqlens, n + 1, a.cu_dtype) - t0;
+  }
+  std::int64_t row = n;
+  if (a.state_indices) row = load_index(a.state_indices, n, a.idx_dtype);
+
+  // Skipped pool row (negative index): o = 0 for the block's columns, state untouched. An
+  // index >= P (device indices are not checked on the host) writes NaN to o, state untouched.
+  if (row < 0 || row >= a.P) {
+    const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
+    for (std::int64_t e = threadIdx.x; e < len * cb; e += blockDim.x) {
+      const std::int64_t t = e / cb;
+      const int c = static_cast<int>(e % cb);
+      store_from_float(a.o, b * a.o_sb + (t0 + t) * a.o_st + hv * a.o_sh + col0 + c, a.in_dtype,
+                       fill);
+    }
+    return;
+  }
 
   // Offset of the thread's vector m inside one state row (s2 = stride of the third dim).
   auto offset = [&](int m, std::int64_t s2) -> std::int64_t {
@@ -697,8 +726,17 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
 
-  const BlockRows rows = block_rows(a, it, col0);
-  const std::int64_t orow = b * a.o_sb + t0 * a.o_st + hv * a.o_sh;  // o as an element index
+  // The block's first token row of every input; o as an element index (store_from_float).
+  const int es = dtype_bytes(a.in_dtype);
+  BlockRows rows;
+  rows.q = token_rows(a.q, es, b * a.q_sb + t0 * a.q_st + hk * a.q_sh, a.q_st);
+  rows.k = token_rows(a.k, es, b * a.k_sb + t0 * a.k_st + hk * a.k_sh, a.k_st);
+  rows.v = token_rows(a.v, es, b * a.v_sb + t0 * a.v_st + hv * a.v_sh + col0, a.v_st);
+  rows.g = token_rows(a.g, dtype_bytes(a.g_dtype), b * a.g_sb + t0 * a.g_st + hv * a.g_sh, a.g_st);
+  rows.beta = token_rows(a.beta, dtype_bytes(a.beta_dtype),
+                         b * a.beta_sb + t0 * a.beta_st + hv * a.beta_sh, a.beta_st);
+  rows.mask = token_rows(a.mask, 1, b * a.mask_sb + t0 * a.mask_st, a.mask_st);
+  const std::int64_t orow = b * a.o_sb + t0 * a.o_st + hv * a.o_sh;
 
   for (std::int64_t tb = 0; tb < len; tb += tc) {
     const int cnt = static_cast<int>(len - tb < tc ? len - tb : tc);
