@@ -1,7 +1,8 @@
-// The chunk kernel: the recurrent (decode / sequential forward) step for T >= 2 tokens per
-// sequence, 8 tokens at a time, with the state in shared memory and its products on the tensor
-// cores (bench/NOTES-gpu.md, v30). k-first fp32 state, Dk = 128, scalar gate; other calls take
-// recurrent.cuh's kernels (tuning.h, recurrent_chunk_applies).
+// The chunk kernel: the recurrent (decode / sequential forward) step, 8 tokens at a time, with
+// the state in shared memory and its products on the tensor cores (bench/NOTES-gpu.md, v30).
+// Exists for a k-first fp32 state, Dk = 128, scalar gate (tuning.h, recurrent_chunk_applies; any
+// T, varlen, pools); the rules take it for 8 to 16 tokens per sequence from 4 heads per SM
+// (recurrent_chunk_preferred), recurrent.cuh's kernels elsewhere.
 //
 // Math (SPEC Section 2) of one chunk of C <= 8 tokens, per sequence and value head, S0 the
 // state entering the chunk (Dk x Dv), a_t the decay (1 for a masked or padding token), beta_t
