@@ -439,7 +439,7 @@ int main(int argc, char** argv) {
             sweep[std::to_string(w)] = time_with(gdr::cuda::set_recurrent_warps_override, w);
         }
         json paths = json::object(), paths_err = json::object();
-        if (opt.paths) {  // the staged (usual, narrow tile), one-token and chunk kernels, side by side
+        if (opt.paths) {  // staged (usual, narrow tile), one-token and chunk kernels side by side
           for (auto [path, name] : {std::pair<int, const char*>{1, "staged"},
                                     {2, "one"},
                                     {3, "narrow"},

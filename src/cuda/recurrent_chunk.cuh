@@ -48,30 +48,30 @@ namespace gdr::cuda::detail {
 // Shared memory of one block, in floats (every array starts on a 16-byte boundary).
 template <int NT>
 struct ChunkLayout {
-  static constexpr int kDK = 128;       // keys
-  static constexpr int kCB = 8 * NT;    // value columns of the block
-  static constexpr int kTok = 8;        // tokens per chunk
-  static constexpr int kPS = kCB + 8;   // row stride of P and U (conflict-free fragment access)
-  static constexpr int kState = 0;                       // [DK][CB], swizzled
-  static constexpr int kQ = kState + kDK * kCB;          // [8][DK] staged q (raw)
-  static constexpr int kK = kQ + kTok * kDK;             // [8][DK] staged k (raw)
-  static constexpr int kV = kK + kTok * kDK;             // [8][CB] staged v
-  static constexpr int kG = kV + kTok * kCB;             // [8] a = exp(g)
-  static constexpr int kB = kG + kTok;                   // [8] beta
-  static constexpr int kM = kB + kTok;                   // [8] mask (1 = step)
-  static constexpr int kXhi = kM + kTok;                 // [DK / 8][32 lanes][4] X, tf32 hi part
-  static constexpr int kP = kXhi + 16 * kDK;             // [16][PS] P = X S0
-  static constexpr int kU = kP + 16 * kPS;               // [8][PS] u
-  static constexpr int kGram = kU + kTok * kPS;          // [16][16] X X^T
-  static constexpr int kL = kGram + 256;                 // [8][8] solve coefficients
-  static constexpr int kMo = kL + 64;                    // [8][8] o coefficients
-  static constexpr int kCK = kMo + 64;                   // [8] beta_s gamma_s rk_s
-  static constexpr int kCQ = kCK + kTok;                 // [8] gamma_t fq_t (0 if masked)
-  static constexpr int kCU = kCQ + kTok;                 // [8] Dec[C-1][s] rk_s
-  static constexpr int kBE = kCU + kTok;                 // [8] beta_s (0 if masked)
-  static constexpr int kGamma = kBE + kTok;              // [4] gamma_{C-1}
-  static constexpr int kXlo = kGamma + 4;                // X, tf32 lo part (fp32 inputs only)
-  static constexpr int kFloatsExact = kXlo;              // 16-bit inputs: no lo part
+  static constexpr int kDK = 128;      // keys
+  static constexpr int kCB = 8 * NT;   // value columns of the block
+  static constexpr int kTok = 8;       // tokens per chunk
+  static constexpr int kPS = kCB + 8;  // row stride of P and U (conflict-free fragment access)
+  static constexpr int kState = 0;     // [DK][CB], swizzled
+  static constexpr int kQ = kState + kDK * kCB;  // [8][DK] staged q (raw)
+  static constexpr int kK = kQ + kTok * kDK;     // [8][DK] staged k (raw)
+  static constexpr int kV = kK + kTok * kDK;     // [8][CB] staged v
+  static constexpr int kG = kV + kTok * kCB;     // [8] a = exp(g)
+  static constexpr int kB = kG + kTok;           // [8] beta
+  static constexpr int kM = kB + kTok;           // [8] mask (1 = step)
+  static constexpr int kXhi = kM + kTok;         // [DK / 8][32 lanes][4] X, tf32 hi part
+  static constexpr int kP = kXhi + 16 * kDK;     // [16][PS] P = X S0
+  static constexpr int kU = kP + 16 * kPS;       // [8][PS] u
+  static constexpr int kGram = kU + kTok * kPS;  // [16][16] X X^T
+  static constexpr int kL = kGram + 256;         // [8][8] solve coefficients
+  static constexpr int kMo = kL + 64;            // [8][8] o coefficients
+  static constexpr int kCK = kMo + 64;           // [8] beta_s gamma_s rk_s
+  static constexpr int kCQ = kCK + kTok;         // [8] gamma_t fq_t (0 if masked)
+  static constexpr int kCU = kCQ + kTok;         // [8] Dec[C-1][s] rk_s
+  static constexpr int kBE = kCU + kTok;         // [8] beta_s (0 if masked)
+  static constexpr int kGamma = kBE + kTok;      // [4] gamma_{C-1}
+  static constexpr int kXlo = kGamma + 4;        // X, tf32 lo part (fp32 inputs only)
+  static constexpr int kFloatsExact = kXlo;      // 16-bit inputs: no lo part
   static constexpr int kFloats = kXlo + 16 * kDK;
 };
 
@@ -138,13 +138,13 @@ __device__ __forceinline__ void copy_state_slice(const RecurrentArgs& a, float* 
 
 // NT n-tiles (8 value columns each) per block, W warps; Dv % (8 NT) == 0 (host).
 template <int NT, int W>
-__global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recurrent_chunk_kernel(
-    const RecurrentArgs a) {
+__global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4))
+    recurrent_chunk_kernel(const RecurrentArgs a) {
   using Ly = ChunkLayout<NT>;
   constexpr int DK = Ly::kDK, CB = Ly::kCB, PS = Ly::kPS, NTHREADS = W * 32;
   constexpr int KSTEPS = DK / 8, MTILES = DK / 16;
-  constexpr int NPW = NT / W;      // n-tiles of P per warp
-  constexpr int MPW = MTILES / W;  // m-tiles (16 keys) of the update per warp
+  constexpr int NPW = NT / W;            // n-tiles of P per warp
+  constexpr int MPW = MTILES / W;        // m-tiles (16 keys) of the update per warp
   constexpr int GROUPS = NTHREADS / CB;  // threads per value column in step 6
   static_assert(NT % W == 0 && MTILES % W == 0 && NTHREADS % CB == 0 && 8 % GROUPS == 0);
   extern __shared__ float4 smem4[];
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4)) recu
       const float4 kl = make_float4(ka.x - kh.x, ka.y - kh.y, ka.z - kh.z, ka.w - kh.w);
       float* srow = Ss + i * CB + 2 * lc;
       // The new state of n-tile nt: gamma S0 + K~^T U (the shared S0 pairs and u as loaded).
-      auto tile = [&](int nt, float2 s01, float2 s23, float (&d)[4]) {
+      auto tile = [&](int nt, float2 s01, float2 s23, float(&d)[4]) {
         d[0] = gl * s01.x, d[1] = gl * s01.y, d[2] = gl * s23.x, d[3] = gl * s23.y;
         mma_3xtf32(d, d, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
       };
