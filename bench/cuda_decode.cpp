@@ -51,8 +51,8 @@ struct Options {
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
   int chunk_columns = 0;  // the chunk kernel's block (0: the rule)
-  bool paths = false;  // also time the staged (usual and narrow tile) and the one-token kernel
-  int path = 0;  // for the whole run: 0 the launch rule, 1 staged, 2 one-token, 3 narrow staged
+  bool paths = false;     // also time (and check) the staged, narrow, one-token and chunk kernels
+  int path = 0;  // for the whole run: 0 the rule, 1 staged, 2 one-token, 3 narrow staged, 4 chunk
   bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
   std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
   bool load_ab = false;  // also time the one-token kernel's state loads with each cache policy

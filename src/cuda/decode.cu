@@ -279,6 +279,18 @@ void set_load_policy(RecurrentArgs& a, std::int64_t blocks, std::int64_t residen
       (mode == 2 || (mode == 0 && recurrent_one_loads_normal(blocks, resident, a.state_bf16)));
 }
 
+// Blocks of a grid of `heads` x `splits` (sequences x value heads, blocks per head), with
+// RecurrentArgs::splits set; refused when beyond one launch's grid.
+std::int64_t grid_blocks(RecurrentArgs& a, std::int64_t heads, std::int64_t splits,
+                         const char* op) {
+  const std::int64_t blocks = heads * splits;
+  if (blocks > INT_MAX)
+    refuse(op,
+           "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
+  a.splits = static_cast<int>(splits);
+  return blocks;
+}
+
 // Allows `kernel` `smem` bytes of dynamic shared memory (above the default 48 KB) on `device`,
 // once per (kernel, device).
 void allow_shared(const void* kernel, std::size_t smem, int device, const char* op) {
@@ -301,12 +313,8 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   const int cols = forced == 32 || forced == 64 || (forced == 128 && prob.Dv % 128 == 0)
                        ? forced
                        : recurrent_chunk_columns(heads, prob.Dv, sms);
-  const std::int64_t splits = prob.Dv / cols, blocks = heads * splits;
+  const std::int64_t blocks = grid_blocks(a, heads, prob.Dv / cols, op);
   if (blocks == 0) return;
-  if (blocks > INT_MAX)
-    refuse(op,
-           "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
-  a.splits = static_cast<int>(splits);
   // 16-bit inputs are exact in tf32: no shared lo part of X.
   const bool x_exact = prob.dtype != DType::f32;
   auto run = [&](auto kernel, int threads, auto layout) {
@@ -315,7 +323,6 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const void* k = reinterpret_cast<const void*>(kernel);
     allow_shared(k, smem, prob.device_index, op);
     set_prefetch(a, blocks, resident_blocks(k, threads, smem, prob.device_index, sms, op), false);
-    a.prefetch_wave = 0;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a);
   };
   if (cols == 128)
@@ -361,12 +368,8 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     warps = one ? recurrent_one_warps_per_block(heads, prob.Dk, prob.Dv, sms)
                 : recurrent_warps_per_block(heads, a.T, prob.Dk, prob.Dv, v_first, sms, narrow);
   const std::int64_t splits = prob.Dv / (static_cast<std::int64_t>(warps) * cw);
-  const std::int64_t blocks = heads * splits;
+  const std::int64_t blocks = grid_blocks(a, heads, splits, op);
   if (blocks == 0) return;
-  if (blocks > INT_MAX)
-    refuse(op,
-           "N * Hv is " + std::to_string(heads) + "; too many sequences x heads for one launch");
-  a.splits = static_cast<int>(splits);
   const int values_per_unit = 16 / dtype_size(prob.dtype);
   a.vec_tok = a.vec_tok && (warps * cw) % values_per_unit == 0;
   // Launches `kernel` with `smem` bytes of dynamic shared memory, the next-wave prefetch and the

@@ -177,8 +177,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4))
   const int col0 = it.split * CB;
   if (fill_o_of_skipped_row(a, it, col0, CB)) return;
 
-  // 1. (No h_in: a zero state. Otherwise the slice is copied after the first chunk's staging
-  //    loads, below.)
+  // No h_in: a zero state (otherwise step 2 copies the slice).
   if (!a.h_in) {
     for (int f = tid; f < DK * CB / 4; f += NTHREADS)
       reinterpret_cast<float4*>(Ss)[f] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -195,7 +194,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4))
     const std::int64_t tb = ch * 8;
     const int cnt = static_cast<int>(len - tb < 8 ? len - tb : 8);  // 0 only when len == 0
     if (ch > 0) __syncthreads();  // the previous chunk's readers are done
-    // Staging.
+    // 1. Staging.
     if (cnt > 0) {
       if (a.vec_tok) {
         stage_units<DK, false>(a, rows, cnt, tb, CB, A, dtb, qs, ks, vs, gs, bs, ms);
@@ -204,7 +203,7 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4))
                                   vs, gs, bs, ms);
       }
     }
-    // 1. The state slice, in flight while X, the Gram and the coefficients are formed. Issued
+    // 2. The state slice, in flight while X, the Gram and the coefficients are formed. Issued
     //    after the staging loads: before them, the small token loads queue behind the 64 KB copy
     //    and the block waits longer (bench/NOTES-gpu.md, v30: T = 8, B = 256 421 -> 393 us).
     if (ch == 0 && a.h_in) copy_state_slice<CB, NTHREADS>(a, Ss, row, hv, col0, tid);
@@ -366,7 +365,8 @@ __global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4))
       const float4 kh = make_float4(tf32_hi(ka.x), tf32_hi(ka.y), tf32_hi(ka.z), tf32_hi(ka.w));
       const float4 kl = make_float4(ka.x - kh.x, ka.y - kh.y, ka.z - kh.z, ka.w - kh.w);
       float* srow = Ss + i * CB + 2 * lc;
-      // The new state of n-tile nt: gamma S0 + K~^T U (the shared S0 pairs and u as loaded).
+      // The new state of n-tile nt: gamma S0 + K~^T U (the shared S0 pairs and u as loaded); one
+      // accumulator for the three products (d passed as both), the unrolled tiles interleave.
       auto tile = [&](int nt, float2 s01, float2 s23, float(&d)[4]) {
         d[0] = gl * s01.x, d[1] = gl * s01.y, d[2] = gl * s23.x, d[3] = gl * s23.y;
         mma_3xtf32(d, d, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
