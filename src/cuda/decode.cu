@@ -22,6 +22,7 @@
 #include "cuda/paths.h"
 #include "cuda/recurrent.cuh"
 #include "cuda/recurrent_chunk.cuh"
+#include "cuda/recurrent_chunk_v30.cuh"
 #include "cuda/recurrent_one.cuh"
 #include "cuda/tuning.h"
 #include "gdr/error.h"
@@ -305,32 +306,59 @@ void allow_shared(const void* kernel, std::size_t smem, int device, const char* 
   have = smem;
 }
 
-// The chunk kernel (recurrent_chunk.cuh): blocks of 128 value columns (8 warps) or 32 (4 warps).
-void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
+// The chunk kernel (recurrent_chunk.cuh): persistent blocks of 8, 4 or 2 warps on items of 128,
+// 64 or 32 value columns, as many blocks as are resident. `v30` (path 7, benchmarks only): the
+// session-11 kernel (recurrent_chunk_v30.cuh, one block per item of 128 or 32 columns).
+void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, bool v30, const char* op,
                   cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
   const int forced = g_chunk_columns_override.load(std::memory_order_relaxed);
   const int cols = forced == 32 || forced == 64 || (forced == 128 && prob.Dv % 128 == 0)
                        ? forced
                        : recurrent_chunk_columns(heads, prob.Dv, sms);
-  const std::int64_t blocks = grid_blocks(a, heads, prob.Dv / cols, op);
-  if (blocks == 0) return;
-  // 16-bit inputs are exact in tf32: no shared lo part of X.
+  const std::int64_t items = grid_blocks(a, heads, prob.Dv / cols, op);
+  if (items == 0) return;
+  // 16-bit inputs are exact in tf32: no shared lo parts.
   const bool x_exact = prob.dtype != DType::f32;
-  auto run = [&](auto kernel, int threads, auto layout) {
+  if (v30) {
+    auto run = [&](auto kernel, int threads, auto layout) {
+      using Ly = decltype(layout);
+      const std::size_t smem = sizeof(float) * (x_exact ? Ly::kFloatsExact : Ly::kFloats);
+      const void* k = reinterpret_cast<const void*>(kernel);
+      allow_shared(k, smem, prob.device_index, op);
+      set_prefetch(a, items, resident_blocks(k, threads, smem, prob.device_index, sms, op), false);
+      kernel<<<static_cast<unsigned>(items), threads, smem, stream>>>(a);
+    };
+    if (cols == 128)
+      run(detail::recurrent_chunk_v30_kernel<16, 8>, 256, detail::ChunkV30Layout<16>{});
+    else if (cols == 64)
+      run(detail::recurrent_chunk_v30_kernel<8, 4>, 128, detail::ChunkV30Layout<8>{});
+    else
+      run(detail::recurrent_chunk_v30_kernel<4, 4>, 128, detail::ChunkV30Layout<4>{});
+    check(cudaGetLastError(), op, "chunk kernel launch");
+    return;
+  }
+  a.prefetch_blocks = a.prefetch_wave = 0;  // the kernel copies its next item itself
+  auto run = [&](auto kernel, auto layout) {
     using Ly = decltype(layout);
-    const std::size_t smem = sizeof(float) * (x_exact ? Ly::kFloatsExact : Ly::kFloats);
+    constexpr int threads = 2 * Ly::kCB;
+    const std::size_t smem = Ly::bytes(x_exact, dtype_size(prob.dtype));
     const void* k = reinterpret_cast<const void*>(kernel);
     allow_shared(k, smem, prob.device_index, op);
-    set_prefetch(a, blocks, resident_blocks(k, threads, smem, prob.device_index, sms, op), false);
+    const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
+    if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
+    const std::int64_t blocks = items < resident ? items : resident;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a);
   };
-  if (cols == 128)
-    run(detail::recurrent_chunk_kernel<16, 8>, 256, detail::ChunkLayout<16>{});
-  else if (cols == 64)
-    run(detail::recurrent_chunk_kernel<8, 4>, 128, detail::ChunkLayout<8>{});
-  else
-    run(detail::recurrent_chunk_kernel<4, 4>, 128, detail::ChunkLayout<4>{});
+  with_bool(x_exact, [&](auto exact) {
+    constexpr bool EXACT = decltype(exact)::value;
+    if (cols == 128)
+      run(detail::recurrent_chunk_kernel<8, EXACT>, detail::ChunkLayout<8>{});
+    else if (cols == 64)
+      run(detail::recurrent_chunk_kernel<4, EXACT>, detail::ChunkLayout<4>{});
+    else
+      run(detail::recurrent_chunk_kernel<2, EXACT>, detail::ChunkLayout<2>{});
+  });
   check(cudaGetLastError(), op, "chunk kernel launch");
 }
 
@@ -352,9 +380,9 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const bool varlen = a.cu_seqlens != nullptr;
   if (recurrent_chunk_applies(v_first, per_key, prob.Dk, a.state_bf16,
                               (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
-      (path == 4 ||
+      (path == 4 || path == 7 ||
        (path == 0 && !one_applies && recurrent_chunk_preferred(a.T, varlen, heads, sms)))) {
-    launch_chunk(a, prob, sms, op, stream);
+    launch_chunk(a, prob, sms, path == 7, op, stream);
     return;
   }
   const bool one = one_applies && (a.state_bf16 || path == 0 || path == 2);
@@ -433,7 +461,7 @@ void set_recurrent_chunk_columns_override(int columns) {
 }
 
 void set_recurrent_path_override(int path) {
-  g_path_override.store(path >= 1 && path <= 4 ? path : 0);
+  g_path_override.store((path >= 1 && path <= 4) || path == 7 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

@@ -267,9 +267,10 @@ struct BlockItem {
   int hv, hk, split;
 };
 
-__device__ __forceinline__ BlockItem block_item(const RecurrentArgs& a) {
+// Item `bid` of the grid's decomposition (block bid of a grid of one block per item).
+__device__ __forceinline__ BlockItem block_item_at(const RecurrentArgs& a, unsigned bid) {
   BlockItem it;
-  const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
+  const unsigned rest = bid / static_cast<unsigned>(a.splits);
   it.split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
   const unsigned nq = rest / static_cast<unsigned>(a.Hv);
   it.hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
@@ -283,6 +284,10 @@ __device__ __forceinline__ BlockItem block_item(const RecurrentArgs& a) {
   }
   it.row = a.state_indices ? load_index(a.state_indices, it.n, a.idx_dtype) : it.n;
   return it;
+}
+
+__device__ __forceinline__ BlockItem block_item(const RecurrentArgs& a) {
+  return block_item_at(a, blockIdx.x);
 }
 
 // A skipped pool row (negative index) writes o = 0 for the block's cb columns from col0, an index

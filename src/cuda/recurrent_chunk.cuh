@@ -1,7 +1,8 @@
 // The chunk kernel: the recurrent (decode / sequential forward) step, 8 tokens at a time, with
-// the state in shared memory and its products on the tensor cores (bench/NOTES-gpu.md, v30).
-// Exists for a k-first fp32 state, Dk = 128, scalar gate (tuning.h, recurrent_chunk_applies; any
-// T, varlen, pools); the rules take it for 8 to 16 tokens per sequence from 4 heads per SM
+// the state slice in registers, its products on the tensor cores, and persistent blocks that
+// copy the next item's state and tokens while they compute the current one (bench/NOTES-gpu.md,
+// v31). Exists for a k-first fp32 state, Dk = 128, scalar gate (tuning.h, recurrent_chunk_applies;
+// any T, varlen, pools); the rules take it for 8 to 16 tokens per sequence from 4 heads per SM
 // (recurrent_chunk_preferred), recurrent.cuh's kernels elsewhere.
 //
 // Math (SPEC Section 2) of one chunk of C <= 8 tokens, per sequence and value head, S0 the
@@ -10,391 +11,544 @@
 // keys and queries (rk = 1 / ||k||, fq = scale / ||q|| with the in-kernel L2 norm, else 1 and
 // scale):
 //   Dec[t][s] = a_{s+1} ... a_t (s <= t),  gamma_t = a_0 ... a_t
-//   u_s  = beta_s (v_s - gamma_s S0^T k^_s) - sum_{r<s} beta_s Dec[s][r] (k^_s . k^_r) u_r
-//   o_t  = gamma_t S0^T q~_t + sum_{s<=t} Dec[t][s] (q~_t . k^_s) u_s
-//   S_C  = gamma_{C-1} S0 + sum_s Dec[C-1][s] k^_s u_s^T
+//   L[s][r]   = beta_s Dec[s][r] (k^_s . k^_r) (r < s),  Ti = (I + L)^-1 (unit lower triangular)
+//   b_s       = beta_s (v_s - gamma_s S0^T k^_s),         u = Ti b (per value column)
+//   o_t       = gamma_t S0^T q~_t + sum_{s<=t} Dec[t][s] (q~_t . k^_s) u_s
+//   S_C       = gamma_{C-1} S0 + sum_s Dec[C-1][s] k^_s u_s^T
 // which is the per-token recurrence (u_s = beta_s (v_s - S'_s^T k^_s), S_s = S'_s + k^_s u_s^T,
 // S'_s = a_s S_{s-1}) unrolled over the chunk; the decays enter only as products over token
 // ranges (no division by a cumulative decay that may underflow).
 //
-// A block owns CB = 8 NT value columns of one (sequence, value head) and all Dk keys. Per chunk:
-//  1. stage the chunk's q, k, v, gates, beta, mask (recurrent.cuh's staging);
-//  2. (first chunk) the state slice S0 [Dk][CB] -> shared memory by cp.async (16-byte units,
-//     swizzled, below), in flight while 3.-4. run; the L2 asked for a later block's state
-//     (recurrent.cuh, prefetch_state_of_block);
-//  3. the A operand X = [k_0 .. k_7; q_0 .. q_7] (16 x Dk, raw values, zero rows for masked or
-//     padding tokens) in mma fragment order, split into tf32 hi + lo parts;
-//  4. warp 0: the Gram X X^T on the tensor cores (the fragments of X serve as those of X^T),
-//     then the chunk's 8 x 8 coefficients (Dec, the solve's L, o's Mo, row factors);
-//  5. P = X S0 (16 x CB) on the tensor cores, 3xTF32 (2 passes when X is exact in tf32, i.e.
-//     16-bit inputs): rows 0-7 S0^T k_s, rows 8-15 S0^T q_t;
-//  6. per value column: u by forward substitution, o (stored);
-//  7. S_C = gamma S0 + K~^T U on the tensor cores (M = keys, N = values, K = 8 tokens; C read
-//     from shared memory), stored to the state (last chunk) or back to shared memory.
-// Decode in place: a block reads its whole slice before it writes; blocks share no columns.
+// Work: an item is CB = 16 W value columns of one (sequence, value head) with all Dk keys; a
+// block of W warps takes items blockIdx.x, + gridDim.x, ... (grid: the resident blocks). Warp w
+// holds S^T of its 16 columns (M) x 128 keys (N) as the C fragments of 16 mma tiles, 64 floats
+// per thread: thread (g = lane / 4, c = lane % 4) holds columns 16 w + g (+ 8), keys 8 j + 2 c
+// (+ 1) of tile j. Per chunk, all on mma.sync m16n8k8 (tf32, 3xTF32 where an operand is not
+// exact in tf32; raw 16-bit inputs are):
+//  - P^T = S0^T [K; Q]^T (M = columns, N = 8 k + 8 q tokens, K = keys): the state's C
+//    fragments are its A fragments when the K index c (c + 4) stands for key 2 c (2 c + 1), so
+//    the B fragments of X = [K; Q] hold each token's keys in that order (X fragments below);
+//  - U^T = B^T Ti^T, O^T = diag(gamma fq) P_q^T + U^T Mo^T (M = columns, N and K = tokens; the
+//    C fragments of one product are the A fragments of the next by the same token order);
+//  - S^T = gamma S^T + (U diag(cU))^T K (M = columns, N = keys, K = tokens): the update lands in
+//    the state's C fragments.
+// Warp 0 also forms the Gram X X^T and the chunk's 8 x 8 coefficients (L, Ti, Mo and the row
+// factors) while the warps form P^T.
 //
-// Shared state layout: S[i][j] at i * CB + 4 * ((j / 4) ^ (2 * (i % 4))) + j % 4. The XOR moves
-// whole 16-byte units inside an aligned group of 8 units, so that the mma B fragment (keys
-// kb + lane % 4 (+ 4), column nb + lane / 4), the C fragment pairs (rows ib + lane / 4 (+ 8),
-// columns nb + 2 (lane % 4) .. + 1) and the cp.async unit stores all hit distinct banks.
+// Pipeline per chunk: wait for the chunk's copies (an mbarrier per raw token buffer); barrier;
+// (first chunk of an item) state staging -> registers; X and K fragments from the raw tokens;
+// barrier; the last warp issues the next chunk's copies (its raw q, k, v rows and, when it
+// starts an item, the item's state rows into the staging buffer: the bulk-copy engine, a row per
+// copy) and scalar loads; compute; (last chunk) state registers -> the pool. The next copies are
+// in flight during the whole of the current compute.
+// Decode in place: an item reads its whole slice before it writes; items share no columns.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/mma_tf32.cuh"
 #include "cuda/recurrent.cuh"
 
 namespace gdr::cuda::detail {
 
-// Shared memory of one block, in floats (every array starts on a 16-byte boundary).
-template <int NT>
+// Shared memory of one block, in floats (every array starts on a 16-byte boundary); the two raw
+// token buffers follow at kEndExact (16-bit inputs) or kEnd (f32 inputs, with the lo parts).
+template <int W>
 struct ChunkLayout {
-  static constexpr int kDK = 128;      // keys
-  static constexpr int kCB = 8 * NT;   // value columns of the block
-  static constexpr int kTok = 8;       // tokens per chunk
-  static constexpr int kPS = kCB + 8;  // row stride of P and U (conflict-free fragment access)
-  static constexpr int kState = 0;     // [DK][CB], swizzled
-  static constexpr int kQ = kState + kDK * kCB;  // [8][DK] staged q (raw)
-  static constexpr int kK = kQ + kTok * kDK;     // [8][DK] staged k (raw)
-  static constexpr int kV = kK + kTok * kDK;     // [8][CB] staged v
-  static constexpr int kG = kV + kTok * kCB;     // [8] a = exp(g)
-  static constexpr int kB = kG + kTok;           // [8] beta
-  static constexpr int kM = kB + kTok;           // [8] mask (1 = step)
-  static constexpr int kXhi = kM + kTok;         // [DK / 8][32 lanes][4] X, tf32 hi part
-  static constexpr int kP = kXhi + 16 * kDK;     // [16][PS] P = X S0
-  static constexpr int kU = kP + 16 * kPS;       // [8][PS] u
-  static constexpr int kGram = kU + kTok * kPS;  // [16][16] X X^T
-  static constexpr int kL = kGram + 256;         // [8][8] solve coefficients
-  static constexpr int kMo = kL + 64;            // [8][8] o coefficients
-  static constexpr int kCK = kMo + 64;           // [8] beta_s gamma_s rk_s
-  static constexpr int kCQ = kCK + kTok;         // [8] gamma_t fq_t (0 if masked)
-  static constexpr int kCU = kCQ + kTok;         // [8] Dec[C-1][s] rk_s
-  static constexpr int kBE = kCU + kTok;         // [8] beta_s (0 if masked)
-  static constexpr int kGamma = kBE + kTok;      // [4] gamma_{C-1}
-  static constexpr int kXlo = kGamma + 4;        // X, tf32 lo part (fp32 inputs only)
-  static constexpr int kFloatsExact = kXlo;      // 16-bit inputs: no lo part
-  static constexpr int kFloats = kXlo + 16 * kDK;
+  static constexpr int kDK = 128;                  // keys
+  static constexpr int kCB = 16 * W;               // value columns of an item
+  static constexpr int kSS = kCB + 4;              // staging row stride: conflict-free fragments
+  static constexpr int kSt = 0;                    // [DK][SS] the next item's state, staged
+  static constexpr int kXh = kSt + kDK * kSS;      // [DK / 8][32] float4 X fragments, tf32 hi
+  static constexpr int kKh = kXh + 16 * kDK;       // [DK / 8][32] float2 K fragments, tf32 hi
+  static constexpr int kG = kKh + 8 * kDK;         // [8] a = exp(g)
+  static constexpr int kB = kG + 8;                // [8] beta
+  static constexpr int kM = kB + 8;                // [8] mask (1 = step)
+  static constexpr int kGram = kM + 8;             // [16][16] X X^T
+  static constexpr int kL = kGram + 256;           // [8][8] L
+  static constexpr int kTi = kL + 64;              // [8][8] Ti = (I + L)^-1
+  static constexpr int kTiF = kTi + 64;            // [32] float4 B fragments of Ti^T (hi, lo)
+  static constexpr int kMoF = kTiF + 128;          // [32] float4 B fragments of Mo^T (hi, lo)
+  static constexpr int kCK = kMoF + 128;           // [8] beta_s gamma_s rk_s
+  static constexpr int kCQ = kCK + 8;              // [8] gamma_t fq_t (0 if masked)
+  static constexpr int kCU = kCQ + 8;              // [8] Dec[C-1][s] rk_s
+  static constexpr int kBE = kCU + 8;              // [8] beta_s (0 if masked)
+  static constexpr int kGamma = kBE + 8;           // [4] gamma_{C-1}
+  static constexpr int kBar = kGamma + 4;          // [2] u64 mbarriers of the token buffers
+  static constexpr int kSrc = kBar + 4;            // [2] pointers: state rows to copy (or null)
+  static constexpr int kXl = kSrc + 4;             // X fragments, tf32 lo (f32 inputs only)
+  static constexpr int kKl = kXl + 16 * kDK;       // K fragments, tf32 lo (f32 inputs only)
+  static constexpr int kEndExact = kXl;
+  static constexpr int kEnd = kKl + 8 * kDK;
+  // One raw token buffer: q [8][DK], k [8][DK], v [8][CB] elements of es bytes.
+  static constexpr int token_bytes(int es) { return 8 * (2 * kDK + kCB) * es; }
+  static constexpr int bytes(bool exact, int es) {
+    return 4 * (exact ? kEndExact : kEnd) + 2 * token_bytes(es);
+  }
 };
 
+// Raw 16-bit or f32 elements in shared memory as float: element i, and elements i, i + 1.
+__device__ __forceinline__ float raw_at(const char* raw, int i, int dtype) {
+  if (dtype == kBF16)
+    return __uint_as_float(static_cast<std::uint32_t>(
+                               *reinterpret_cast<const unsigned short*>(raw + 2 * i))
+                           << 16);
+  if (dtype == kF16) return __half2float(*reinterpret_cast<const __half*>(raw + 2 * i));
+  return *reinterpret_cast<const float*>(raw + 4 * i);
+}
+__device__ __forceinline__ float2 raw_pair(const char* raw, int i, int dtype) {
+  if (dtype == kBF16) {
+    const std::uint32_t bits = *reinterpret_cast<const std::uint32_t*>(raw + 2 * i);
+    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+  }
+  if (dtype == kF16) return __half22float2(*reinterpret_cast<const __half2*>(raw + 2 * i));
+  return *reinterpret_cast<const float2*>(raw + 4 * i);
+}
+
+__device__ __forceinline__ float4 tf32_hi4(float4 x) {
+  return make_float4(tf32_hi(x.x), tf32_hi(x.y), tf32_hi(x.z), tf32_hi(x.w));
+}
+__device__ __forceinline__ float4 sub4(float4 x, float4 y) {
+  return make_float4(x.x - y.x, x.y - y.y, x.z - y.z, x.w - y.w);
+}
+
+// Chunks of an item (an empty sequence has one, of no tokens), and the tokens of chunk ch.
+__device__ __forceinline__ std::int64_t item_chunks(const BlockItem& x) {
+  return x.len > 0 ? (x.len + 7) / 8 : 1;
+}
+__device__ __forceinline__ int chunk_tokens(const BlockItem& x, std::int64_t ch) {
+  return static_cast<int>(x.len - 8 * ch < 8 ? x.len - 8 * ch : 8);
+}
+
+// Per-token scalar `lane` of a chunk of cnt tokens: [g: cnt][beta: cnt][mask: cnt] (3 cnt <= 24
+// lanes), loaded into a register by chunk_scalar_load; chunk_scalar_store converts it (a = exp(g),
+// the fused gate and beta sigmoid) and stores it when the chunk is processed.
+__device__ __forceinline__ float chunk_scalar_load(const RecurrentArgs& a, const BlockRows& r,
+                                                   int cnt, std::int64_t tb, int lane) {
+  if (lane < cnt) return bytes_as_float(r.g.at(tb + lane), a.g_dtype);
+  if (lane < 2 * cnt) return bytes_as_float(r.beta.at(tb + lane - cnt), a.beta_dtype);
+  if (lane < 3 * cnt)
+    return a.mask && !__ldg(reinterpret_cast<const std::uint8_t*>(r.mask.at(tb + lane - 2 * cnt)))
+               ? 0.f
+               : 1.f;
+  return 0.f;
+}
+__device__ __forceinline__ void chunk_scalar_store(const RecurrentArgs& a, int cnt, int hv,
+                                                   float x, int lane, float* gs, float* bs,
+                                                   float* ms) {
+  if (lane < cnt) {  // gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
+    if (a.gate_in_kernel) {
+      const float A = -expf(__ldg(a.A_log + hv));
+      const float dtb = a.dt_bias ? __ldg(a.dt_bias + hv * a.dt_bias_sh) : 0.f;
+      x = A * softplus(x + dtb);
+    }
+    gs[lane] = expf(x);
+  } else if (lane < 2 * cnt) {
+    bs[lane - cnt] = a.beta_sigmoid ? 1.f / (1.f + expf(-x)) : x;
+  } else if (lane < 3 * cnt) {
+    ms[lane - 2 * cnt] = x;
+  }
+}
+
+// The issuing warp: chunk ch of item `it` into the raw token buffer `raw` (q and k rows of Dk
+// values, v from the item's first column), completing on `bar` (one arrival, expecting the
+// bulk-copy bytes): 16-byte aligned rows (a.vec_tok) by the bulk-copy engine, a row per lane;
+// other rows element by element (generic stores, visible after the next block barrier). Not
+// `live`: only the arrival. Returns the lane's per-token scalar.
 template <int CB>
-__device__ __forceinline__ int swizzled(int i, int j) {
-  return i * CB + ((((j >> 2) ^ ((i & 3) << 1))) << 2) + (j & 3);
+__device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const BlockItem& it,
+                                              std::int64_t ch, bool live, char* raw,
+                                              std::uint64_t* bar, int lane) {
+  constexpr int DK = 128;
+  if (!live) {
+    if (lane == 0) mbar_arrive_expect_tx(bar, 0);
+    return 0.f;
+  }
+  const int col0 = it.split * CB, cnt = chunk_tokens(it, ch);
+  const std::int64_t tb = 8 * ch;
+  const BlockRows r = block_rows(a, it, col0);
+  const float x = chunk_scalar_load(a, r, cnt, tb, lane);
+  const int es = dtype_bytes(a.in_dtype);
+  const unsigned qbytes = DK * es, vbytes = CB * es;
+  fence_proxy_async();  // this warp's earlier generic stores into the buffer come first
+  if (lane == 0) mbar_arrive_expect_tx(bar, a.vec_tok ? cnt * (2 * qbytes + vbytes) : 0u);
+  __syncwarp();
+  if (a.vec_tok) {
+    if (lane < 3 * cnt) {
+      const int kind = lane < cnt ? 0 : (lane < 2 * cnt ? 1 : 2), t = lane - kind * cnt;
+      const TokenRows& rows = kind == 0 ? r.q : (kind == 1 ? r.k : r.v);
+      char* dst = raw + (kind < 2 ? (kind * 8 + t) * DK : 16 * DK + t * CB) * es;
+      bulk_copy(dst, rows.at(tb + t), kind < 2 ? qbytes : vbytes, bar);
+    }
+  } else {
+    for (int f = lane; f < cnt * (2 * DK + CB); f += 32) {
+      const char* src;
+      int at;
+      if (f < 2 * cnt * DK) {
+        const int is_k = f >= cnt * DK, e = f - is_k * cnt * DK, t = e / DK, i = e % DK;
+        src = (is_k ? r.k : r.q).at(tb + t) + i * es;
+        at = (is_k * 8 + t) * DK + i;
+      } else {
+        const int e = f - 2 * cnt * DK, t = e / CB, i = e % CB;
+        src = r.v.at(tb + t) + i * es;
+        at = 16 * DK + t * CB + i;
+      }
+      if (es == 4)
+        reinterpret_cast<float*>(raw)[at] = __ldg(reinterpret_cast<const float*>(src));
+      else
+        reinterpret_cast<unsigned short*>(raw)[at] =
+            __ldg(reinterpret_cast<const unsigned short*>(src));
+    }
+  }
+  return x;
 }
 
-// 16 bytes global -> shared, asynchronous (completion: cp_async_wait_all + a barrier).
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
-// x = hi + lo with hi exact in tf32 (the top 19 bits) and lo the rest (3xTF32 products).
-__device__ __forceinline__ float tf32_hi(float x) {
-  return __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-}
-
-// D += A B, m16n8k8, tf32 inputs, fp32 accumulate. Fragments (g = lane / 4, c = lane % 4):
-// A a0 (g, c), a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4); B b0 (c, g), b1 (c + 4, g);
-// D d0 (g, 2c), d1 (g, 2c + 1), d2 (g + 8, 2c), d3 (g + 8, 2c + 1).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], float4 a, float b0, float b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(__float_as_uint(a.x)), "r"(__float_as_uint(a.y)), "r"(__float_as_uint(a.z)),
-        "r"(__float_as_uint(a.w)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
-}
-
-// 3xTF32 (A = ah + al, B = bh + bl): d += ah bh, e += ah bl + al bh (al B skipped when A is
-// exact in tf32); two accumulators, so that the three products are two short dependency chains.
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], float (&e)[4], float4 ah, float4 al,
-                                           float b0, float b1, bool a_exact) {
-  const float bh0 = tf32_hi(b0), bh1 = tf32_hi(b1);
-  mma_tf32(d, ah, bh0, bh1);
-  mma_tf32(e, ah, b0 - bh0, b1 - bh1);
-  if (!a_exact) mma_tf32(e, al, bh0, bh1);
-}
-
-// The block's state slice S0 [128][CB] -> shared memory (swizzled) by cp.async, one commit
-// group; thread: 16-byte unit c of key rows i0, i0 + RPI, ... (RPI % 4 == 0 keeps the row
-// swizzle). Also the next-wave L2 prefetch of a later block's slice.
+// An item's state rows S0 [128][CB] (from `src`, row stride a.hin_s2) -> the staging buffer (row
+// stride CB + 4) by cp.async 16-byte units, every thread of the block, one commit group.
 template <int CB, int NTHREADS>
-__device__ __forceinline__ void copy_state_slice(const RecurrentArgs& a, float* Ss,
-                                                 std::int64_t row, int hv, int col0, int tid) {
-  constexpr int DK = 128, UPR = CB / 4, RPI = NTHREADS / UPR;
-  static_assert(NTHREADS % UPR == 0 && RPI % 4 == 0 && DK % RPI == 0);
-  const int c = tid % UPR, i0 = tid / UPR;
-  const float* src = a.h_in + row * a.hin_s0 + hv * a.hin_s1 + col0 + i0 * a.hin_s2 + 4 * c;
-  float* dst = Ss + swizzled<CB>(i0, 4 * c);
-  const std::int64_t step = RPI * a.hin_s2;
+__device__ __forceinline__ void copy_state(const RecurrentArgs& a, const float* src, float* St) {
+  constexpr int DK = 128, UPR = CB / 4, RPI = NTHREADS / UPR, SS = CB + 4;
+  static_assert(NTHREADS % UPR == 0 && DK % RPI == 0);
+  const int u = threadIdx.x % UPR, i0 = threadIdx.x / UPR;
+  src += i0 * a.hin_s2 + 4 * u;
+  float* dst = St + i0 * SS + 4 * u;
 #pragma unroll
-  for (int it = 0; it < DK / RPI; ++it) cp_async16(dst + it * RPI * CB, src + it * step);
-  cp_async_commit();
-  if (a.prefetch_blocks > 0) prefetch_state_of_block<DK, false>(a, CB, 4);
+  for (int i = 0; i < DK / RPI; ++i) cp_async16(dst + i * RPI * SS, src + i * RPI * a.hin_s2);
 }
 
-// NT n-tiles (8 value columns each) per block, W warps; Dv % (8 NT) == 0 (host).
-template <int NT, int W>
-__global__ void __launch_bounds__(W * 32, NT == 16 ? 2 : (NT == 8 ? 3 : 4))
+// The state rows of a live item in the pool.
+__device__ __forceinline__ const float* state_rows(const RecurrentArgs& a, const BlockItem& it,
+                                                   int cb) {
+  return a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * cb;
+}
+
+// W warps, items of 16 W value columns; Dv % (16 W) == 0 (host). EXACT: 16-bit inputs (exact in
+// tf32: no lo parts of X and K).
+template <int W, bool EXACT>
+__global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
-  using Ly = ChunkLayout<NT>;
-  constexpr int DK = Ly::kDK, CB = Ly::kCB, PS = Ly::kPS, NTHREADS = W * 32;
-  constexpr int KSTEPS = DK / 8, MTILES = DK / 16;
-  constexpr int NPW = NT / W;            // n-tiles of P per warp
-  constexpr int MPW = MTILES / W;        // m-tiles (16 keys) of the update per warp
-  constexpr int GROUPS = NTHREADS / CB;  // threads per value column in step 6
-  static_assert(NT % W == 0 && MTILES % W == 0 && NTHREADS % CB == 0 && 8 % GROUPS == 0);
+  using Ly = ChunkLayout<W>;
+  constexpr int DK = Ly::kDK, CB = Ly::kCB, SS = Ly::kSS, NTHREADS = W * 32;
+  constexpr int KT = DK / 8;       // key tiles of 8
+  constexpr int ISSUER = W - 1;    // the warp that issues the copies
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Ss = sm + Ly::kState;
-  float* qs = sm + Ly::kQ;
-  float* ks = sm + Ly::kK;
-  float* vs = sm + Ly::kV;
+  float* St = sm + Ly::kSt;
+  float4* Xh = reinterpret_cast<float4*>(sm + Ly::kXh);
+  float4* Xl = reinterpret_cast<float4*>(sm + Ly::kXl);
+  float2* Kh = reinterpret_cast<float2*>(sm + Ly::kKh);
+  float2* Kl = reinterpret_cast<float2*>(sm + Ly::kKl);
   float* gs = sm + Ly::kG;
   float* bs = sm + Ly::kB;
   float* ms = sm + Ly::kM;
-  float* xhi = sm + Ly::kXhi;
-  float* xlo = sm + Ly::kXlo;
-  float* Ps = sm + Ly::kP;
-  float* Us = sm + Ly::kU;
   float* Gr = sm + Ly::kGram;
   float* Lc = sm + Ly::kL;
-  float* Mo = sm + Ly::kMo;
+  float* Ti = sm + Ly::kTi;
+  float4* TiF = reinterpret_cast<float4*>(sm + Ly::kTiF);
+  float4* MoF = reinterpret_cast<float4*>(sm + Ly::kMoF);
   float* cK = sm + Ly::kCK;
   float* cQ = sm + Ly::kCQ;
   float* cU = sm + Ly::kCU;
   float* bE = sm + Ly::kBE;
   float* gam = sm + Ly::kGamma;
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(sm + Ly::kBar);
+  const float** srcs = reinterpret_cast<const float**>(sm + Ly::kSrc);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int lg = lane >> 2, lc = lane & 3;  // mma fragment row group and column
-  const BlockItem it = block_item(a);
-  const int hv = it.hv, hk = it.hk;
-  const std::int64_t b = it.b, t0 = it.t0, len = it.len, row = it.row;
-  const int col0 = it.split * CB;
-  if (fill_o_of_skipped_row(a, it, col0, CB)) return;
+  const int dt = a.in_dtype, es = dtype_bytes(dt);
+  char* tok0 = reinterpret_cast<char*>(sm + (EXACT ? Ly::kEndExact : Ly::kEnd));
+  const int tok_bytes = Ly::token_bytes(es);
+  const std::int64_t items = a.N * a.Hv * static_cast<std::int64_t>(a.splits);
+  auto live_of = [&](const BlockItem& x) { return x.row >= 0 && x.row < a.P; };
 
-  // No h_in: a zero state (otherwise step 2 copies the slice).
-  if (!a.h_in) {
-    for (int f = tid; f < DK * CB / 4; f += NTHREADS)
-      reinterpret_cast<float4*>(Ss)[f] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (tid == 0) {
+    mbar_init(&bars[0], 1);
+    mbar_init(&bars[1], 1);
+    mbar_init_fence();
   }
+  __syncthreads();
 
-  const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
-  const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
-  const BlockRows rows = block_rows(a, it, col0);
-  const std::int64_t orow = b * a.o_sb + t0 * a.o_st + hv * a.o_sh + col0;
-  const bool x_exact = a.in_dtype != kF32;  // 16-bit inputs are exact in tf32 (X lo = 0)
+  // The current chunk: chunk ch of item `item`, in token buffer `buf`; bit b of `parity` is the
+  // parity of the next phase of bars[b].
+  std::int64_t item = blockIdx.x, ch = 0;
+  BlockItem it = block_item_at(a, static_cast<unsigned>(item));
+  int buf = 0;
+  unsigned parity = 0;
+  float xs = 0.f;  // the issuing warp's lane scalar of the chunk in flight
+  if (warp == ISSUER) xs = issue_tokens<CB>(a, it, 0, live_of(it), tok0, &bars[0], lane);
+  if (live_of(it) && a.h_in) copy_state<CB, NTHREADS>(a, state_rows(a, it, CB), St);
+  cp_async_commit();
 
-  const std::int64_t nchunks = len > 0 ? (len + 7) / 8 : 1;
-  for (std::int64_t ch = 0; ch < nchunks; ++ch) {
-    const std::int64_t tb = ch * 8;
-    const int cnt = static_cast<int>(len - tb < 8 ? len - tb : 8);  // 0 only when len == 0
-    if (ch > 0) __syncthreads();  // the previous chunk's readers are done
-    // 1. Staging.
-    if (cnt > 0) {
-      if (a.vec_tok) {
-        stage_units<DK, false>(a, rows, cnt, tb, CB, A, dtb, qs, ks, vs, gs, bs, ms);
-      } else {
-        stage_elements<DK, false>(a, rows, t0, cnt, b, t0 + tb, hv, hk, col0, CB, A, dtb, qs, ks,
-                                  vs, gs, bs, ms);
+  float s[KT][4];  // S^T fragments (see the header)
+  for (;;) {
+    const int col0 = it.split * CB;
+    const bool live = live_of(it);
+    const std::int64_t nch = item_chunks(it), tb = 8 * ch;
+    const int cnt = chunk_tokens(it, ch);
+    const char* raw = tok0 + buf * tok_bytes;
+    // The next chunk; the issuing warp looks its item up and leaves the state rows to copy (if it
+    // starts a live item) in srcs[buf ^ 1] for every thread.
+    std::int64_t next_item = item, next_ch = ch + 1;
+    if (next_ch == nch) next_item += gridDim.x, next_ch = 0;
+    const bool more = next_item < items;
+    BlockItem nit = it;
+    if (warp == ISSUER && more) {
+      if (next_ch == 0) nit = block_item_at(a, static_cast<unsigned>(next_item));
+      if (lane == 0)
+        srcs[buf ^ 1] =
+            next_ch == 0 && live_of(nit) && a.h_in ? state_rows(a, nit, CB) : nullptr;
+    }
+    mbar_wait(&bars[buf], (parity >> buf) & 1u);
+    parity ^= 1u << buf;
+    cp_async_wait_all();
+    if (warp == ISSUER && live) chunk_scalar_store(a, cnt, it.hv, xs, lane, gs, bs, ms);
+    __syncthreads();  // the chunk's copies and scalars are visible; the previous chunk is done
+    // The next chunk's tokens (the other buffer is free), in flight during this chunk's compute.
+    if (warp == ISSUER && more)
+      xs = issue_tokens<CB>(a, nit, next_ch, live_of(nit), tok0 + (buf ^ 1) * tok_bytes,
+                            &bars[buf ^ 1], lane);
+    if (live) {
+      if (ch == 0) {  // the state -> registers
+        const float* sp = St + (2 * lc) * SS + 16 * warp + lg;
+#pragma unroll
+        for (int j = 0; j < KT; ++j) {
+          s[j][0] = a.h_in ? sp[8 * j * SS] : 0.f;
+          s[j][1] = a.h_in ? sp[(8 * j + 1) * SS] : 0.f;
+          s[j][2] = a.h_in ? sp[8 * j * SS + 8] : 0.f;
+          s[j][3] = a.h_in ? sp[(8 * j + 1) * SS + 8] : 0.f;
+        }
+      }
+      // X fragments: float4 f = (key tile j, lane) = (k_g[key], k_g[key + 1], q_g[key],
+      // q_g[key + 1]) with g = lane / 4, key = 8 j + 2 (lane % 4); zero rows for masked or
+      // padding tokens. K fragments: float2 f = (k_2c[8 j + g], k_2c+1[8 j + g]), c = lane % 4.
+      for (int f = tid; f < KT * 32; f += NTHREADS) {
+        const int t = (f & 31) >> 2, c = f & 3, key = 8 * (f >> 5) + 2 * c;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < cnt && ms[t] != 0.f) {
+          const float2 kk = raw_pair(raw, (8 + t) * DK + key, dt);
+          const float2 qq = raw_pair(raw, t * DK + key, dt);
+          x = make_float4(kk.x, kk.y, qq.x, qq.y);
+        }
+        const float4 h = tf32_hi4(x);
+        Xh[f] = h;
+        if constexpr (!EXACT) Xl[f] = sub4(x, h);
+        const int key2 = 8 * (f >> 5) + t, s0 = 2 * c, s1 = s0 + 1;
+        float2 y = make_float2(0.f, 0.f);
+        if (s0 < cnt && ms[s0] != 0.f) y.x = raw_at(raw, (8 + s0) * DK + key2, dt);
+        if (s1 < cnt && ms[s1] != 0.f) y.y = raw_at(raw, (8 + s1) * DK + key2, dt);
+        const float2 yh = make_float2(tf32_hi(y.x), tf32_hi(y.y));
+        Kh[f] = yh;
+        if constexpr (!EXACT) Kl[f] = make_float2(y.x - yh.x, y.y - yh.y);
       }
     }
-    // 2. The state slice, in flight while X, the Gram and the coefficients are formed. Issued
-    //    after the staging loads: before them, the small token loads queue behind the 64 KB copy
-    //    and the block waits longer (bench/NOTES-gpu.md, v30: T = 8, B = 256 421 -> 393 us).
-    if (ch == 0 && a.h_in) copy_state_slice<CB, NTHREADS>(a, Ss, row, hv, col0, tid);
-    __syncthreads();
-    // 3. X in fragment order: float4 f = (k-step, lane) holds lane's a0..a3 of that k-step,
-    //    i.e. k_t[col], q_t[col], k_t[col + 4], q_t[col + 4] with t = lane / 4, col = 8 k-step +
-    //    lane % 4.
-    for (int f = tid; f < KSTEPS * 32; f += NTHREADS) {
-      const int t = (f & 31) >> 2, col = 8 * (f >> 5) + (f & 3);
-      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (t < cnt && ms[t] != 0.f)
-        x = make_float4(ks[t * DK + col], qs[t * DK + col], ks[t * DK + col + 4],
-                        qs[t * DK + col + 4]);
-      const float4 h = make_float4(tf32_hi(x.x), tf32_hi(x.y), tf32_hi(x.z), tf32_hi(x.w));
-      reinterpret_cast<float4*>(xhi)[f] = h;
-      if (!x_exact)
-        reinterpret_cast<float4*>(xlo)[f] = make_float4(x.x - h.x, x.y - h.y, x.z - h.z, x.w - h.w);
+    __syncthreads();  // state staging drained, fragments visible
+    // The next item's state, in flight during this chunk's compute.
+    if (more) {
+      if (const float* src = srcs[buf ^ 1]) copy_state<CB, NTHREADS>(a, src, St);
     }
-    __syncthreads();
-    // 4. Warp 0: the Gram X X^T (16 x 16; B fragments of X^T are X's a0/a2 for the k columns,
-    //    a1/a3 for the q columns), then the coefficients of the chunk.
-    if (warp == 0) {
-      float gk[4] = {0.f, 0.f, 0.f, 0.f}, gq[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-      for (int kst = 0; kst < KSTEPS; ++kst) {
-        const float4 h = reinterpret_cast<const float4*>(xhi)[kst * 32 + lane];
-        if (!x_exact) {
-          const float4 l = reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
-          mma_tf32(gk, l, h.x, h.z);
-          mma_tf32(gk, h, l.x, l.z);
-          mma_tf32(gq, l, h.y, h.w);
-          mma_tf32(gq, h, l.y, l.w);
+    cp_async_commit();
+
+    // o of the chunk's first token, the item's first column (element index).
+    auto o_row = [&] { return it.b * a.o_sb + (it.t0 + tb) * a.o_st + it.hv * a.o_sh + col0; };
+    if (!live) {  // a skipped pool row: o = 0 (negative index) or NaN (index >= P)
+      const float fill = it.row < 0 ? 0.f : __int_as_float(0x7fc00000);
+      const std::int64_t orow = o_row();
+      for (int e = tid; e < cnt * CB; e += NTHREADS)
+        store_from_float(a.o, orow + (e / CB) * a.o_st + e % CB, dt, fill);
+    } else {
+      // Warp 0: the Gram X X^T (16 x 16; A fragments of X are (x.x, x.z, x.y, x.w), the B
+      // fragments of X^T (x.x, x.y) for the k columns, (x.z, x.w) for the q columns; two
+      // independent accumulations), then the chunk's coefficients.
+      if (warp == 0) {
+        float gk[2][4], gq[2][4];
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) gk[p][r] = gq[p][r] = 0.f;
+#pragma unroll
+        for (int j = 0; j < KT; ++j) {
+          const float4 h = Xh[j * 32 + lane];
+          const float4 ah = make_float4(h.x, h.z, h.y, h.w);
+          if constexpr (!EXACT) {
+            const float4 l = Xl[j * 32 + lane];
+            const float4 al = make_float4(l.x, l.z, l.y, l.w);
+            mma_tf32(gk[j & 1], al, h.x, h.y);
+            mma_tf32(gk[j & 1], ah, l.x, l.y);
+            mma_tf32(gq[j & 1], al, h.z, h.w);
+            mma_tf32(gq[j & 1], ah, l.z, l.w);
+          }
+          mma_tf32(gk[j & 1], ah, h.x, h.y);
+          mma_tf32(gq[j & 1], ah, h.z, h.w);
         }
-        mma_tf32(gk, h, h.x, h.z);
-        mma_tf32(gq, h, h.y, h.w);
-      }
-      *reinterpret_cast<float2*>(Gr + lg * 16 + 2 * lc) = make_float2(gk[0], gk[1]);
-      *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 2 * lc) = make_float2(gk[2], gk[3]);
-      *reinterpret_cast<float2*>(Gr + lg * 16 + 8 + 2 * lc) = make_float2(gq[0], gq[1]);
-      *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 8 + 2 * lc) = make_float2(gq[2], gq[3]);
-      __syncwarp();
-      // Lane t (mod 8): token t's decay, beta, norms; every lane gets all tokens' decays and key
-      // norms by shuffles.
-      const bool l2 = a.qk_l2norm;
-      const int t = lane & 7;
-      const bool live_t = t < cnt && ms[t] != 0.f;
-      const float a_t = live_t ? gs[t] : 1.f;
-      const float be_t = live_t ? bs[t] : 0.f;
-      const float rk_t = l2 ? 1.f / sqrtf(Gr[t * 17] + a.eps) : 1.f;
-      const float fq_t = a.scale * (l2 ? 1.f / sqrtf(Gr[(8 + t) * 17] + a.eps) : 1.f);
-      float av[8], rk[8];
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        av[s] = __shfl_sync(0xffffffffu, a_t, s);
-        rk[s] = __shfl_sync(0xffffffffu, rk_t, s);
-      }
-      float dec[8];  // Dec[t][s]; d ends as gamma_t
-      float d = 1.f;
-#pragma unroll
-      for (int s = 7; s >= 0; --s) {
-        dec[s] = s <= t ? d : 0.f;
-        if (s <= t) d *= av[s];
-      }
-      if (lane < 8) {
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          Lc[t * 8 + s] = s < t ? be_t * dec[s] * Gr[t * 16 + s] * rk_t * rk[s] : 0.f;
-          Mo[t * 8 + s] = live_t && s <= t ? dec[s] * Gr[(8 + t) * 16 + s] * fq_t * rk[s] : 0.f;
+        for (int r = 0; r < 4; ++r) {
+          gk[0][r] += gk[1][r];
+          gq[0][r] += gq[1][r];
         }
-        cK[t] = be_t * d * rk_t;
-        cQ[t] = live_t ? d * fq_t : 0.f;
-        bE[t] = be_t;
+        *reinterpret_cast<float2*>(Gr + lg * 16 + 2 * lc) = make_float2(gk[0][0], gk[0][1]);
+        *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 2 * lc) = make_float2(gk[0][2], gk[0][3]);
+        *reinterpret_cast<float2*>(Gr + lg * 16 + 8 + 2 * lc) = make_float2(gq[0][0], gq[0][1]);
+        *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 8 + 2 * lc) =
+            make_float2(gq[0][2], gq[0][3]);
+        __syncwarp();
+        // Lane (t = g, r = 2c, 2c + 1): entries (t, r) of L and Mo, i.e. the lane's B fragment
+        // of Mo^T; lanes c = 0 the row factors of token t, lanes t = 7 cU of tokens r.
+        const bool l2 = a.qk_l2norm;
+        const int t = lg, r0 = 2 * lc, r1 = r0 + 1;
+        float av[8];  // decays, 1 for a masked or padding token
+#pragma unroll
+        for (int p = 0; p < 8; ++p) av[p] = p < cnt && ms[p] != 0.f ? gs[p] : 1.f;
+        const bool live_t = t < cnt && ms[t] != 0.f;
+        const float be_t = live_t ? bs[t] : 0.f;
+        auto rk_of = [&](int i) { return l2 ? 1.f / sqrtf(Gr[i * 17] + a.eps) : 1.f; };
+        const float rk_t = rk_of(t), rk0 = rk_of(r0), rk1 = rk_of(r1);
+        const float fq_t = a.scale * (l2 ? 1.f / sqrtf(Gr[(8 + t) * 17] + a.eps) : 1.f);
+        // Dec[i][r] = a_{r+1} ... a_i (a product over the range; r = -1: gamma_i).
+        auto dec = [&](int i, int r) {
+          float d = 1.f;
+#pragma unroll
+          for (int p = 0; p < 8; ++p)
+            if (p > r && p <= i) d *= av[p];
+          return d;
+        };
+        const float d0 = dec(t, r0), d1 = dec(t, r1), gamma_t = dec(t, -1);
+        const float l0 = r0 < t ? be_t * d0 * Gr[t * 16 + r0] * rk_t * rk0 : 0.f;
+        const float l1 = r1 < t ? be_t * d1 * Gr[t * 16 + r1] * rk_t * rk1 : 0.f;
+        const float m0 = live_t && r0 <= t ? d0 * Gr[(8 + t) * 16 + r0] * fq_t * rk0 : 0.f;
+        const float m1 = live_t && r1 <= t ? d1 * Gr[(8 + t) * 16 + r1] * fq_t * rk1 : 0.f;
+        *reinterpret_cast<float2*>(Lc + t * 8 + r0) = make_float2(l0, l1);
+        const float mh0 = tf32_hi(m0), mh1 = tf32_hi(m1);
+        MoF[lane] = make_float4(mh0, mh1, m0 - mh0, m1 - mh1);
+        if (lc == 0) {
+          cK[t] = be_t * gamma_t * rk_t;
+          cQ[t] = live_t ? gamma_t * fq_t : 0.f;
+          bE[t] = be_t;
+        }
         if (t == 7) {
+          cU[r0] = dec(7, r0) * rk0;
+          cU[r1] = dec(7, r1) * rk1;
+          if (lc == 0) gam[0] = gamma_t;
+        }
+        __syncwarp();
+        // Ti = (I + L)^-1 by forward substitution, lane j < 8 its column j.
+        if (lane < 8) {
+          float tcol[8];
 #pragma unroll
-          for (int s = 0; s < 8; ++s) cU[s] = dec[s] * rk[s];
-          gam[0] = d;
+          for (int i = 0; i < 8; ++i) {
+            float x = i == lane ? 1.f : 0.f;
+#pragma unroll
+            for (int p = 0; p < i; ++p) x -= Lc[i * 8 + p] * tcol[p];
+            tcol[i] = i >= lane ? x : 0.f;
+            Ti[i * 8 + lane] = tcol[i];
+          }
+        }
+        __syncwarp();
+        // B fragments of Ti^T (K = token r in the order 2 c, 2 c + 1; N = token g).
+        const float2 ti = *reinterpret_cast<const float2*>(Ti + lg * 8 + 2 * lc);
+        const float th0 = tf32_hi(ti.x), th1 = tf32_hi(ti.y);
+        TiF[lane] = make_float4(th0, th1, ti.x - th0, ti.y - th1);
+      }
+      // P^T = S0^T [K; Q]^T: pk (k tokens), pq (q tokens), main + correction accumulators.
+      float pk[4] = {0.f, 0.f, 0.f, 0.f}, pke[4] = {0.f, 0.f, 0.f, 0.f};
+      float pq[4] = {0.f, 0.f, 0.f, 0.f}, pqe[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < KT; ++j) {
+        const float4 xa = make_float4(s[j][0], s[j][2], s[j][1], s[j][3]);
+        const float4 ah = tf32_hi4(xa), al = sub4(xa, ah);
+        const float4 h = Xh[j * 32 + lane];
+        mma_tf32(pk, ah, h.x, h.y);
+        mma_tf32(pke, al, h.x, h.y);
+        mma_tf32(pq, ah, h.z, h.w);
+        mma_tf32(pqe, al, h.z, h.w);
+        if constexpr (!EXACT) {
+          const float4 l = Xl[j * 32 + lane];
+          mma_tf32(pke, ah, l.x, l.y);
+          mma_tf32(pqe, ah, l.z, l.w);
         }
       }
-    }
-    if (ch == 0 && a.h_in) cp_async_wait_all();
-    __syncthreads();
-    // 5. P = X S0: warp w owns n-tiles w NPW .. + NPW - 1 over all keys.
-    {
-      float p[NPW][4], pe[NPW][4];  // main and correction products
-#pragma unroll
-      for (int nt = 0; nt < NPW; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) p[nt][r] = pe[nt][r] = 0.f;
-      // B fragments: keys 8 k-step + lane % 4 (+ 4), columns 8 n-tile + lane / 4; the row
-      // swizzle (key % 4 = lane % 4) is the same for every k-step: per-thread bases.
-      const float* bcol[NPW];
-#pragma unroll
-      for (int nt = 0; nt < NPW; ++nt) bcol[nt] = Ss + swizzled<CB>(lc, 8 * (warp * NPW + nt) + lg);
-#pragma unroll 4
-      for (int kst = 0; kst < KSTEPS; ++kst) {
-        const float4 h = reinterpret_cast<const float4*>(xhi)[kst * 32 + lane];
-        const float4 l = x_exact ? h : reinterpret_cast<const float4*>(xlo)[kst * 32 + lane];
-#pragma unroll
-        for (int nt = 0; nt < NPW; ++nt)
-          mma_3xtf32(p[nt], pe[nt], h, l, bcol[nt][8 * kst * CB], bcol[nt][(8 * kst + 4) * CB],
-                     x_exact);
-      }
-#pragma unroll
-      for (int nt = 0; nt < NPW; ++nt) {
-        const int j = 8 * (warp * NPW + nt) + 2 * lc;
-        *reinterpret_cast<float2*>(Ps + lg * PS + j) =
-            make_float2(p[nt][0] + pe[nt][0], p[nt][1] + pe[nt][1]);
-        *reinterpret_cast<float2*>(Ps + (lg + 8) * PS + j) =
-            make_float2(p[nt][2] + pe[nt][2], p[nt][3] + pe[nt][3]);
-      }
-    }
-    __syncthreads();
-    // 6. Per value column j: u by forward substitution (every thread of the column), o for the
-    //    tokens t with t % GROUPS == the thread's group, u stored by group 0.
-    {
-      const int j = tid % CB, grp = tid / CB;
-      float u[8];
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        float x = 0.f;
-        if (s < cnt) x = bE[s] != 0.f ? bE[s] * vs[s * CB + j] - cK[s] * Ps[s * PS + j] : 0.f;
-#pragma unroll
-        for (int r = 0; r < s; ++r) x -= Lc[s * 8 + r] * u[r];
-        u[s] = x;
-      }
-      if (grp == 0) {
-#pragma unroll
-        for (int s = 0; s < 8; ++s) Us[s * PS + j] = u[s];
-      }
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        if (t % GROUPS != grp || t >= cnt) continue;
-        float o = cQ[t] * Ps[(8 + t) * PS + j];
-#pragma unroll
-        for (int s = 0; s <= t; ++s) o += Mo[t * 8 + s] * u[s];
-        store_from_float(a.o, orow + (tb + t) * a.o_st + j, a.in_dtype, o);
-      }
-    }
-    __syncthreads();
-    // 7. S = gamma S0 + K~^T U, K~[s][i] = cU[s] k_s[i]: warp w owns key tiles w MPW .. + MPW - 1
-    //    over all the block's columns.
-    const bool last = ch + 1 == nchunks;
-    if (last && !a.h_out) continue;
-    const float gl = gam[0];
-    float* out = last ? a.h_out + row * a.hout_s0 + hv * a.hout_s1 + col0 : nullptr;
-    // C pairs: keys i (+ 8), columns 8 n-tile + 2 (lane % 4) .. + 1, shared offset
-    // i CB + 2 (lane % 4) + 8 (n-tile ^ (i % 4)) (swizzled() with i % 4 = lane / 4 % 4).
-    const int sw = lg & 3;
-    const float* ub0 = Us + lc * PS + lg;  // B fragments: u of token lane % 4 (+ 4)
-    const float* ub1 = ub0 + 4 * PS;
-#pragma unroll
-    for (int mi = 0; mi < MPW; ++mi) {
-      const int i = 16 * (warp * MPW + mi) + lg;
-      auto kt = [&](int s, int key) {
-        const float c = cU[s];
-        return c != 0.f ? c * ks[s * DK + key] : 0.f;
+      __syncthreads();  // warp 0's coefficients
+      // Column phase, C fragment order: (column g, token 2c), (g, 2c + 1), (g + 8, 2c),
+      // (g + 8, 2c + 1), columns of the item 16 w + g (+ 8).
+      const int s0 = 2 * lc, s1 = s0 + 1, c0 = 16 * warp + lg, c1 = c0 + 8;
+      const float be0 = bE[s0], be1 = bE[s1], ck0 = cK[s0], ck1 = cK[s1];
+      const char* vraw = raw + 16 * DK * es;
+      auto bval = [&](int tok, int col, float be, float ck, float p) {
+        return be != 0.f ? be * raw_at(vraw, tok * CB + col, dt) - ck * p : 0.f;
       };
-      const float4 ka = make_float4(kt(lc, i), kt(lc, i + 8), kt(lc + 4, i), kt(lc + 4, i + 8));
-      const float4 kh = make_float4(tf32_hi(ka.x), tf32_hi(ka.y), tf32_hi(ka.z), tf32_hi(ka.w));
-      const float4 kl = make_float4(ka.x - kh.x, ka.y - kh.y, ka.z - kh.z, ka.w - kh.w);
-      float* srow = Ss + i * CB + 2 * lc;
-      // The new state of n-tile nt: gamma S0 + K~^T U (the shared S0 pairs and u as loaded); one
-      // accumulator for the three products (d passed as both), the unrolled tiles interleave.
-      auto tile = [&](int nt, float2 s01, float2 s23, float(&d)[4]) {
-        d[0] = gl * s01.x, d[1] = gl * s01.y, d[2] = gl * s23.x, d[3] = gl * s23.y;
-        mma_3xtf32(d, d, kh, kl, ub0[8 * nt], ub1[8 * nt], false);
-      };
-      if (last) {  // to the state rows in global memory (no shared store: loads run ahead)
-        float* grow = out + i * a.hout_s2 + 2 * lc;
-        const std::int64_t g8 = 8 * a.hout_s2;
-#pragma unroll 4
-        for (int nt = 0; nt < NT; ++nt) {
-          const float* c01 = srow + 8 * (nt ^ sw);
-          float d[4];
-          tile(nt, *reinterpret_cast<const float2*>(c01),
-               *reinterpret_cast<const float2*>(c01 + 8 * CB), d);
-          __stcs(reinterpret_cast<float2*>(grow + 8 * nt), make_float2(d[0], d[1]));
-          __stcs(reinterpret_cast<float2*>(grow + g8 + 8 * nt), make_float2(d[2], d[3]));
+      const float4 bb = make_float4(bval(s0, c0, be0, ck0, pk[0] + pke[0]),
+                                    bval(s0, c1, be0, ck0, pk[2] + pke[2]),
+                                    bval(s1, c0, be1, ck1, pk[1] + pke[1]),
+                                    bval(s1, c1, be1, ck1, pk[3] + pke[3]));  // A order
+      // U^T = B^T Ti^T.
+      float u[4] = {0.f, 0.f, 0.f, 0.f}, ue[4] = {0.f, 0.f, 0.f, 0.f};
+      {
+        const float4 tf = TiF[lane], bh = tf32_hi4(bb), bl = sub4(bb, bh);
+        mma_tf32(u, bh, tf.x, tf.y);
+        mma_tf32(ue, bl, tf.x, tf.y);
+        mma_tf32(ue, bh, tf.z, tf.w);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) u[r] += ue[r];
+      }
+      // O^T = diag(cQ) P_q^T + U^T Mo^T, stored for the chunk's tokens.
+      {
+        const float cq0 = cQ[s0], cq1 = cQ[s1];
+        float o[4] = {cq0 * (pq[0] + pqe[0]), cq1 * (pq[1] + pqe[1]), cq0 * (pq[2] + pqe[2]),
+                      cq1 * (pq[3] + pqe[3])};
+        float oe[4] = {0.f, 0.f, 0.f, 0.f};
+        const float4 ua = make_float4(u[0], u[2], u[1], u[3]);
+        const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh), mf = MoF[lane];
+        mma_tf32(o, uh, mf.x, mf.y);
+        mma_tf32(oe, ul, mf.x, mf.y);
+        mma_tf32(oe, uh, mf.z, mf.w);
+        const std::int64_t orow = o_row();
+        if (s0 < cnt) {
+          store_from_float(a.o, orow + s0 * a.o_st + c0, dt, o[0] + oe[0]);
+          store_from_float(a.o, orow + s0 * a.o_st + c1, dt, o[2] + oe[2]);
         }
-      } else {  // back to shared memory for the next chunk (each pair read and written here)
-#pragma unroll 4
-        for (int nt = 0; nt < NT; ++nt) {
-          float* c01 = srow + 8 * (nt ^ sw);
-          float d[4];
-          tile(nt, *reinterpret_cast<const float2*>(c01),
-               *reinterpret_cast<const float2*>(c01 + 8 * CB), d);
-          *reinterpret_cast<float2*>(c01) = make_float2(d[0], d[1]);
-          *reinterpret_cast<float2*>(c01 + 8 * CB) = make_float2(d[2], d[3]);
+        if (s1 < cnt) {
+          store_from_float(a.o, orow + s1 * a.o_st + c0, dt, o[1] + oe[1]);
+          store_from_float(a.o, orow + s1 * a.o_st + c1, dt, o[3] + oe[3]);
+        }
+      }
+      // S^T = gamma S^T + (U diag(cU))^T K.
+      {
+        const float cu0 = cU[s0], cu1 = cU[s1], gl = gam[0];
+        const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
+        const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
+#pragma unroll
+        for (int j = 0; j < KT; ++j) {
+          float e[4] = {0.f, 0.f, 0.f, 0.f};
+          const float2 kh = Kh[j * 32 + lane];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) s[j][r] *= gl;
+          mma_tf32(s[j], uh, kh.x, kh.y);
+          mma_tf32(e, ul, kh.x, kh.y);
+          if constexpr (!EXACT) {
+            const float2 kl = Kl[j * 32 + lane];
+            mma_tf32(e, uh, kl.x, kl.y);
+          }
+#pragma unroll
+          for (int r = 0; r < 4; ++r) s[j][r] += e[r];
+        }
+      }
+      // The item's last chunk: the state -> the pool (column 16 w + g (+ 8), key 8 j + 2c (+ 1)).
+      if (ch + 1 == nch && a.h_out) {
+        float* out = a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 +
+                     s0 * a.hout_s2;
+        const std::int64_t r8 = 8 * a.hout_s2;
+#pragma unroll
+        for (int j = 0; j < KT; ++j) {
+          __stcs(out + j * r8, s[j][0]);
+          __stcs(out + j * r8 + a.hout_s2, s[j][1]);
+          __stcs(out + j * r8 + 8, s[j][2]);
+          __stcs(out + j * r8 + a.hout_s2 + 8, s[j][3]);
         }
       }
     }
+    if (!more) break;
+    if (next_ch == 0) it = block_item_at(a, static_cast<unsigned>(next_item));
+    item = next_item, ch = next_ch, buf ^= 1;
   }
 }
 

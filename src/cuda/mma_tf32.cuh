@@ -1,0 +1,95 @@
+// Tensor-core and asynchronous-copy helpers of the chunk kernels (recurrent_chunk.cuh): cp.async
+// 16-byte copies global -> shared, the tf32 hi / lo split and mma.sync m16n8k8 with tf32 inputs.
+#pragma once
+
+#include <cstdint>
+
+namespace gdr::cuda::detail {
+
+// 16 bytes global -> shared, asynchronous (completion: cp_async_wait_all + a barrier).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+// x = hi + lo with hi exact in tf32 (the top 19 bits) and lo the rest (3xTF32 products).
+__device__ __forceinline__ float tf32_hi(float x) {
+  return __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+}
+
+// D += A B, m16n8k8, tf32 inputs, fp32 accumulate. Fragments (g = lane / 4, c = lane % 4):
+// A a0 (g, c), a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4); B b0 (c, g), b1 (c + 4, g);
+// D d0 (g, 2c), d1 (g, 2c + 1), d2 (g + 8, 2c), d3 (g + 8, 2c + 1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], float4 a, float b0, float b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(__float_as_uint(a.x)), "r"(__float_as_uint(a.y)), "r"(__float_as_uint(a.z)),
+        "r"(__float_as_uint(a.w)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
+// 3xTF32 (A = ah + al, B = bh + bl): d += ah bh, e += ah bl + al bh (al B skipped when A is
+// exact in tf32); two accumulators, so that the three products are two short dependency chains.
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], float (&e)[4], float4 ah, float4 al,
+                                           float b0, float b1, bool a_exact) {
+  const float bh0 = tf32_hi(b0), bh1 = tf32_hi(b1);
+  mma_tf32(d, ah, bh0, bh1);
+  mma_tf32(e, ah, b0 - bh0, b1 - bh1);
+  if (!a_exact) mma_tf32(e, al, bh0, bh1);
+}
+
+
+// Shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// mbarrier (shared memory, 8 bytes): init with an arrival count; the arrival that also expects
+// `bytes` of bulk-copy transactions; wait for the phase of the given parity to complete.
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Orders this thread's earlier shared-memory accesses before its later bulk copies.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared by the bulk-copy
+// engine, completing as transactions on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes,
+                                          std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+}  // namespace gdr::cuda::detail
