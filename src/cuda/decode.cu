@@ -350,15 +350,21 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, bool v30, cons
     const std::int64_t blocks = items < resident ? items : resident;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a);
   };
-  with_bool(x_exact, [&](auto exact) {
-    constexpr bool EXACT = decltype(exact)::value;
+  auto by_columns = [&](auto dt) {
+    constexpr int DT = decltype(dt)::value;
     if (cols == 128)
-      run(detail::recurrent_chunk_kernel<8, EXACT>, detail::ChunkLayout<8>{});
+      run(detail::recurrent_chunk_kernel<8, DT>, detail::ChunkLayout<8>{});
     else if (cols == 64)
-      run(detail::recurrent_chunk_kernel<4, EXACT>, detail::ChunkLayout<4>{});
+      run(detail::recurrent_chunk_kernel<4, DT>, detail::ChunkLayout<4>{});
     else
-      run(detail::recurrent_chunk_kernel<2, EXACT>, detail::ChunkLayout<2>{});
-  });
+      run(detail::recurrent_chunk_kernel<2, DT>, detail::ChunkLayout<2>{});
+  };
+  if (prob.dtype == DType::bf16)
+    by_columns(std::integral_constant<int, detail::kBF16>{});
+  else if (prob.dtype == DType::f16)
+    by_columns(std::integral_constant<int, detail::kF16>{});
+  else
+    by_columns(std::integral_constant<int, detail::kF32>{});
   check(cudaGetLastError(), op, "chunk kernel launch");
 }
 

@@ -64,18 +64,21 @@ struct ChunkLayout {
   static constexpr int kG = kKh + 8 * kDK;         // [8] a = exp(g)
   static constexpr int kB = kG + 8;                // [8] beta
   static constexpr int kM = kB + 8;                // [8] mask (1 = step)
-  static constexpr int kGram = kM + 8;             // [16][16] X X^T
-  static constexpr int kL = kGram + 256;           // [8][8] L
-  static constexpr int kTi = kL + 64;              // [8][8] Ti = (I + L)^-1
-  static constexpr int kTiF = kTi + 64;            // [32] float4 B fragments of Ti^T (hi, lo)
+  static constexpr int kGram = kM + 8;             // [16][16] X X^T (warp 0's scratch)
+  static constexpr int kL = kGram + 256;           // [8][8] L (warp 0's scratch)
+  static constexpr int kTi = kL + 64;              // [8][8] Ti = (I + L)^-1 (warp 0's scratch)
+  // A chunk's coefficients (two slots: the current chunk's and the next one's):
+  static constexpr int kTiF = 0;                   // [32] float4 B fragments of Ti^T (hi, lo)
   static constexpr int kMoF = kTiF + 128;          // [32] float4 B fragments of Mo^T (hi, lo)
   static constexpr int kCK = kMoF + 128;           // [8] beta_s gamma_s rk_s
   static constexpr int kCQ = kCK + 8;              // [8] gamma_t fq_t (0 if masked)
   static constexpr int kCU = kCQ + 8;              // [8] Dec[C-1][s] rk_s
   static constexpr int kBE = kCU + 8;              // [8] beta_s (0 if masked)
   static constexpr int kGamma = kBE + 8;           // [4] gamma_{C-1}
-  static constexpr int kBar = kGamma + 4;          // [2] u64 mbarriers of the token buffers
-  static constexpr int kSrc = kBar + 4;            // [2] pointers: state rows to copy (or null)
+  static constexpr int kCoefSize = kGamma + 4;
+  static constexpr int kCoef = kTi + 64;           // [2][kCoefSize]
+  static constexpr int kBar = kCoef + 2 * kCoefSize;  // [2] u64 mbarriers of the token buffers
+  static constexpr int kSrc = kBar + 4;            // pointer: the next item's state rows or null
   static constexpr int kXl = kSrc + 4;             // X fragments, tf32 lo (f32 inputs only)
   static constexpr int kKl = kXl + 16 * kDK;       // K fragments, tf32 lo (f32 inputs only)
   static constexpr int kEndExact = kXl;
@@ -222,15 +225,123 @@ __device__ __forceinline__ const float* state_rows(const RecurrentArgs& a, const
   return a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * cb;
 }
 
-// W warps, items of 16 W value columns; Dv % (16 W) == 0 (host). EXACT: 16-bit inputs (exact in
-// tf32: no lo parts of X and K).
-template <int W, bool EXACT>
+// Warp 0: the coefficients of a chunk of cnt tokens (raw tokens in `raw`, its a, beta, mask in
+// gs, bs, ms) into `coef` (ChunkLayout's slot): the Gram X X^T on the tensor cores (16 x 16, X
+// = [k_0..7; q_0..7] raw, zero rows for masked or padding tokens; lane (g, c) holds X's A fragment
+// (x.x, x.z, x.y, x.w) and X^T's B fragments (x.x, x.y) (k columns), (x.z, x.w) (q columns) of
+// x = (k_g[key], k_g[key + 1], q_g[key], q_g[key + 1]), key = 8 j + 2 c; two independent
+// accumulations), then per lane (t = g, r = 2c, 2c + 1) the entries (t, r) of L and Mo (its B
+// fragment of Mo^T), the row factors, Ti = (I + L)^-1 and its B fragments.
+template <int DT>
+__device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const char* raw,
+                                                   int cnt, const float* gs, const float* bs,
+                                                   const float* ms, float* Gr, float* Lc,
+                                                   float* Ti, float* coef, int lane) {
+  constexpr int DK = 128, KT = DK / 8;
+  constexpr bool EXACT = DT != kF32;
+  const int lg = lane >> 2, lc = lane & 3;
+  const bool live_g = lg < cnt && ms[lg] != 0.f;
+  float gk[2][4], gq[2][4];
+#pragma unroll
+  for (int p = 0; p < 2; ++p)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) gk[p][r] = gq[p][r] = 0.f;
+#pragma unroll
+  for (int j = 0; j < KT; ++j) {
+    const int key = 8 * j + 2 * lc;
+    const float2 kk = raw_pair(raw, (8 + lg) * DK + key, DT);
+    const float2 qq = raw_pair(raw, lg * DK + key, DT);
+    const float4 x = live_g ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 h = EXACT ? x : tf32_hi4(x);
+    const float4 ah = make_float4(h.x, h.z, h.y, h.w);
+    if constexpr (!EXACT) {
+      const float4 l = sub4(x, h);
+      const float4 al = make_float4(l.x, l.z, l.y, l.w);
+      mma_tf32(gk[j & 1], al, h.x, h.y);
+      mma_tf32(gk[j & 1], ah, l.x, l.y);
+      mma_tf32(gq[j & 1], al, h.z, h.w);
+      mma_tf32(gq[j & 1], ah, l.z, l.w);
+    }
+    mma_tf32(gk[j & 1], ah, h.x, h.y);
+    mma_tf32(gq[j & 1], ah, h.z, h.w);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    gk[0][r] += gk[1][r];
+    gq[0][r] += gq[1][r];
+  }
+  *reinterpret_cast<float2*>(Gr + lg * 16 + 2 * lc) = make_float2(gk[0][0], gk[0][1]);
+  *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 2 * lc) = make_float2(gk[0][2], gk[0][3]);
+  *reinterpret_cast<float2*>(Gr + lg * 16 + 8 + 2 * lc) = make_float2(gq[0][0], gq[0][1]);
+  *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 8 + 2 * lc) = make_float2(gq[0][2], gq[0][3]);
+  __syncwarp();
+  const bool l2 = a.qk_l2norm;
+  const int t = lg, r0 = 2 * lc, r1 = r0 + 1;
+  float av[8];  // decays, 1 for a masked or padding token
+#pragma unroll
+  for (int p = 0; p < 8; ++p) av[p] = p < cnt && ms[p] != 0.f ? gs[p] : 1.f;
+  const bool live_t = live_g;
+  const float be_t = live_t ? bs[t] : 0.f;
+  auto rk_of = [&](int i) { return l2 ? 1.f / sqrtf(Gr[i * 17] + a.eps) : 1.f; };
+  const float rk_t = rk_of(t), rk0 = rk_of(r0), rk1 = rk_of(r1);
+  const float fq_t = a.scale * (l2 ? 1.f / sqrtf(Gr[(8 + t) * 17] + a.eps) : 1.f);
+  // Dec[i][r] = a_{r+1} ... a_i (a product over the range; r = -1: gamma_i).
+  auto dec = [&](int i, int r) {
+    float d = 1.f;
+#pragma unroll
+    for (int p = 0; p < 8; ++p)
+      if (p > r && p <= i) d *= av[p];
+    return d;
+  };
+  const float d0 = dec(t, r0), d1 = dec(t, r1), gamma_t = dec(t, -1);
+  const float l0 = r0 < t ? be_t * d0 * Gr[t * 16 + r0] * rk_t * rk0 : 0.f;
+  const float l1 = r1 < t ? be_t * d1 * Gr[t * 16 + r1] * rk_t * rk1 : 0.f;
+  const float m0 = live_t && r0 <= t ? d0 * Gr[(8 + t) * 16 + r0] * fq_t * rk0 : 0.f;
+  const float m1 = live_t && r1 <= t ? d1 * Gr[(8 + t) * 16 + r1] * fq_t * rk1 : 0.f;
+  *reinterpret_cast<float2*>(Lc + t * 8 + r0) = make_float2(l0, l1);
+  using Ly = ChunkLayout<8>;  // the slot's offsets (the same for every W)
+  const float mh0 = tf32_hi(m0), mh1 = tf32_hi(m1);
+  reinterpret_cast<float4*>(coef + Ly::kMoF)[lane] = make_float4(mh0, mh1, m0 - mh0, m1 - mh1);
+  if (lc == 0) {
+    coef[Ly::kCK + t] = be_t * gamma_t * rk_t;
+    coef[Ly::kCQ + t] = live_t ? gamma_t * fq_t : 0.f;
+    coef[Ly::kBE + t] = be_t;
+  }
+  if (t == 7) {
+    coef[Ly::kCU + r0] = dec(7, r0) * rk0;
+    coef[Ly::kCU + r1] = dec(7, r1) * rk1;
+    if (lc == 0) coef[Ly::kGamma] = gamma_t;
+  }
+  __syncwarp();
+  // Ti = (I + L)^-1 by forward substitution, lane j < 8 its column j.
+  if (lane < 8) {
+    float tcol[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float x = i == lane ? 1.f : 0.f;
+#pragma unroll
+      for (int p = 0; p < i; ++p) x -= Lc[i * 8 + p] * tcol[p];
+      tcol[i] = i >= lane ? x : 0.f;
+      Ti[i * 8 + lane] = tcol[i];
+    }
+  }
+  __syncwarp();
+  // B fragments of Ti^T (K = token r in the order 2 c, 2 c + 1; N = token g).
+  const float2 ti = *reinterpret_cast<const float2*>(Ti + lg * 8 + 2 * lc);
+  const float th0 = tf32_hi(ti.x), th1 = tf32_hi(ti.y);
+  reinterpret_cast<float4*>(coef + Ly::kTiF)[lane] = make_float4(th0, th1, ti.x - th0, ti.y - th1);
+}
+
+// W warps, items of 16 W value columns; Dv % (16 W) == 0 (host). DT: the token dtype (16-bit
+// inputs are exact in tf32: no lo parts of X and K).
+template <int W, int DT>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
   using Ly = ChunkLayout<W>;
   constexpr int DK = Ly::kDK, CB = Ly::kCB, SS = Ly::kSS, NTHREADS = W * 32;
-  constexpr int KT = DK / 8;       // key tiles of 8
-  constexpr int ISSUER = W - 1;    // the warp that issues the copies
+  constexpr int KT = DK / 8;  // key tiles of 8
+  constexpr bool EXACT = DT != kF32;
+  constexpr int ES = EXACT ? 2 : 4;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
   float* St = sm + Ly::kSt;
@@ -241,24 +352,14 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   float* gs = sm + Ly::kG;
   float* bs = sm + Ly::kB;
   float* ms = sm + Ly::kM;
-  float* Gr = sm + Ly::kGram;
-  float* Lc = sm + Ly::kL;
-  float* Ti = sm + Ly::kTi;
-  float4* TiF = reinterpret_cast<float4*>(sm + Ly::kTiF);
-  float4* MoF = reinterpret_cast<float4*>(sm + Ly::kMoF);
-  float* cK = sm + Ly::kCK;
-  float* cQ = sm + Ly::kCQ;
-  float* cU = sm + Ly::kCU;
-  float* bE = sm + Ly::kBE;
-  float* gam = sm + Ly::kGamma;
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(sm + Ly::kBar);
-  const float** srcs = reinterpret_cast<const float**>(sm + Ly::kSrc);
+  const float** next_src = reinterpret_cast<const float**>(sm + Ly::kSrc);
+  auto coef_slot = [&](int b) { return sm + Ly::kCoef + b * Ly::kCoefSize; };
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int lg = lane >> 2, lc = lane & 3;  // mma fragment row group and column
-  const int dt = a.in_dtype, es = dtype_bytes(dt);
   char* tok0 = reinterpret_cast<char*>(sm + (EXACT ? Ly::kEndExact : Ly::kEnd));
-  const int tok_bytes = Ly::token_bytes(es);
+  constexpr int tok_bytes = Ly::token_bytes(ES);
   const std::int64_t items = a.N * a.Hv * static_cast<std::int64_t>(a.splits);
   auto live_of = [&](const BlockItem& x) { return x.row >= 0 && x.row < a.P; };
 
@@ -270,7 +371,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   __syncthreads();
 
   // The current chunk: chunk ch of item `item`, in token buffer `buf`; bit b of `parity` is the
-  // parity of the next phase of bars[b].
+  // parity of the next phase of bars[b]. The last warp issues the copies of the next chunk's
+  // tokens and loads its scalars; every thread copies the next item's state rows.
+  constexpr int ISSUER = W - 1;
   std::int64_t item = blockIdx.x, ch = 0;
   BlockItem it = block_item_at(a, static_cast<unsigned>(item));
   int buf = 0;
@@ -287,27 +390,31 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     const std::int64_t nch = item_chunks(it), tb = 8 * ch;
     const int cnt = chunk_tokens(it, ch);
     const char* raw = tok0 + buf * tok_bytes;
-    // The next chunk; the issuing warp looks its item up and leaves the state rows to copy (if it
-    // starts a live item) in srcs[buf ^ 1] for every thread.
+    const float* coef = coef_slot(0);
     std::int64_t next_item = item, next_ch = ch + 1;
     if (next_ch == nch) next_item += gridDim.x, next_ch = 0;
     const bool more = next_item < items;
-    BlockItem nit = it;
-    if (warp == ISSUER && more) {
-      if (next_ch == 0) nit = block_item_at(a, static_cast<unsigned>(next_item));
-      if (lane == 0)
-        srcs[buf ^ 1] =
-            next_ch == 0 && live_of(nit) && a.h_in ? state_rows(a, nit, CB) : nullptr;
-    }
     mbar_wait(&bars[buf], (parity >> buf) & 1u);
     parity ^= 1u << buf;
     cp_async_wait_all();
     if (warp == ISSUER && live) chunk_scalar_store(a, cnt, it.hv, xs, lane, gs, bs, ms);
-    __syncthreads();  // the chunk's copies and scalars are visible; the previous chunk is done
-    // The next chunk's tokens (the other buffer is free), in flight during this chunk's compute.
-    if (warp == ISSUER && more)
-      xs = issue_tokens<CB>(a, nit, next_ch, live_of(nit), tok0 + (buf ^ 1) * tok_bytes,
+    __syncthreads();  // the chunk's copies and scalars are in; the previous chunk is done (its
+                      // token buffer and coefficients are free)
+    // The last warp: the next chunk's tokens and scalars; the next item's state rows for every
+    // thread (copied after the next barrier).
+    if (warp == ISSUER && more) {
+      const BlockItem nit =
+          next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
+      const bool next_live = live_of(nit);
+      if (lane == 0)
+        *next_src = next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
+      xs = issue_tokens<CB>(a, nit, next_ch, next_live, tok0 + (buf ^ 1) * tok_bytes,
                             &bars[buf ^ 1], lane);
+    }
+    // Warp 0: the chunk's coefficients, while the other warps form the fragments.
+    if (live && warp == 0)
+      chunk_coefficients<DT>(a, raw, cnt, gs, bs, ms, sm + Ly::kGram, sm + Ly::kL, sm + Ly::kTi,
+                             coef_slot(0), lane);
     if (live) {
       if (ch == 0) {  // the state -> registers
         const float* sp = St + (2 * lc) * SS + 16 * warp + lg;
@@ -322,30 +429,30 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       // X fragments: float4 f = (key tile j, lane) = (k_g[key], k_g[key + 1], q_g[key],
       // q_g[key + 1]) with g = lane / 4, key = 8 j + 2 (lane % 4); zero rows for masked or
       // padding tokens. K fragments: float2 f = (k_2c[8 j + g], k_2c+1[8 j + g]), c = lane % 4.
-      for (int f = tid; f < KT * 32; f += NTHREADS) {
+      for (int f = tid - 32; f >= 0 && f < KT * 32; f += NTHREADS - 32) {  // warps 1 ..
         const int t = (f & 31) >> 2, c = f & 3, key = 8 * (f >> 5) + 2 * c;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < cnt && ms[t] != 0.f) {
-          const float2 kk = raw_pair(raw, (8 + t) * DK + key, dt);
-          const float2 qq = raw_pair(raw, t * DK + key, dt);
-          x = make_float4(kk.x, kk.y, qq.x, qq.y);
-        }
-        const float4 h = tf32_hi4(x);
+        const float2 kk = raw_pair(raw, (8 + t) * DK + key, DT);
+        const float2 qq = raw_pair(raw, t * DK + key, DT);
+        const bool live_t = t < cnt && ms[t] != 0.f;
+        const float4 x =
+            live_t ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 h = EXACT ? x : tf32_hi4(x);
         Xh[f] = h;
         if constexpr (!EXACT) Xl[f] = sub4(x, h);
         const int key2 = 8 * (f >> 5) + t, s0 = 2 * c, s1 = s0 + 1;
-        float2 y = make_float2(0.f, 0.f);
-        if (s0 < cnt && ms[s0] != 0.f) y.x = raw_at(raw, (8 + s0) * DK + key2, dt);
-        if (s1 < cnt && ms[s1] != 0.f) y.y = raw_at(raw, (8 + s1) * DK + key2, dt);
-        const float2 yh = make_float2(tf32_hi(y.x), tf32_hi(y.y));
+        const float y0 = raw_at(raw, (8 + s0) * DK + key2, DT);
+        const float y1 = raw_at(raw, (8 + s1) * DK + key2, DT);
+        const float2 y = make_float2(s0 < cnt && ms[s0] != 0.f ? y0 : 0.f,
+                                     s1 < cnt && ms[s1] != 0.f ? y1 : 0.f);
+        const float2 yh = EXACT ? y : make_float2(tf32_hi(y.x), tf32_hi(y.y));
         Kh[f] = yh;
         if constexpr (!EXACT) Kl[f] = make_float2(y.x - yh.x, y.y - yh.y);
       }
     }
-    __syncthreads();  // state staging drained, fragments visible
+    __syncthreads();  // state staging drained; fragments, coefficients, next state rows visible
     // The next item's state, in flight during this chunk's compute.
     if (more) {
-      if (const float* src = srcs[buf ^ 1]) copy_state<CB, NTHREADS>(a, src, St);
+      if (const float* src = *next_src) copy_state<CB, NTHREADS>(a, src, St);
     }
     cp_async_commit();
 
@@ -355,100 +462,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       const float fill = it.row < 0 ? 0.f : __int_as_float(0x7fc00000);
       const std::int64_t orow = o_row();
       for (int e = tid; e < cnt * CB; e += NTHREADS)
-        store_from_float(a.o, orow + (e / CB) * a.o_st + e % CB, dt, fill);
+        store_from_float(a.o, orow + (e / CB) * a.o_st + e % CB, DT, fill);
     } else {
-      // Warp 0: the Gram X X^T (16 x 16; A fragments of X are (x.x, x.z, x.y, x.w), the B
-      // fragments of X^T (x.x, x.y) for the k columns, (x.z, x.w) for the q columns; two
-      // independent accumulations), then the chunk's coefficients.
-      if (warp == 0) {
-        float gk[2][4], gq[2][4];
-#pragma unroll
-        for (int p = 0; p < 2; ++p)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) gk[p][r] = gq[p][r] = 0.f;
-#pragma unroll
-        for (int j = 0; j < KT; ++j) {
-          const float4 h = Xh[j * 32 + lane];
-          const float4 ah = make_float4(h.x, h.z, h.y, h.w);
-          if constexpr (!EXACT) {
-            const float4 l = Xl[j * 32 + lane];
-            const float4 al = make_float4(l.x, l.z, l.y, l.w);
-            mma_tf32(gk[j & 1], al, h.x, h.y);
-            mma_tf32(gk[j & 1], ah, l.x, l.y);
-            mma_tf32(gq[j & 1], al, h.z, h.w);
-            mma_tf32(gq[j & 1], ah, l.z, l.w);
-          }
-          mma_tf32(gk[j & 1], ah, h.x, h.y);
-          mma_tf32(gq[j & 1], ah, h.z, h.w);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          gk[0][r] += gk[1][r];
-          gq[0][r] += gq[1][r];
-        }
-        *reinterpret_cast<float2*>(Gr + lg * 16 + 2 * lc) = make_float2(gk[0][0], gk[0][1]);
-        *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 2 * lc) = make_float2(gk[0][2], gk[0][3]);
-        *reinterpret_cast<float2*>(Gr + lg * 16 + 8 + 2 * lc) = make_float2(gq[0][0], gq[0][1]);
-        *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 8 + 2 * lc) =
-            make_float2(gq[0][2], gq[0][3]);
-        __syncwarp();
-        // Lane (t = g, r = 2c, 2c + 1): entries (t, r) of L and Mo, i.e. the lane's B fragment
-        // of Mo^T; lanes c = 0 the row factors of token t, lanes t = 7 cU of tokens r.
-        const bool l2 = a.qk_l2norm;
-        const int t = lg, r0 = 2 * lc, r1 = r0 + 1;
-        float av[8];  // decays, 1 for a masked or padding token
-#pragma unroll
-        for (int p = 0; p < 8; ++p) av[p] = p < cnt && ms[p] != 0.f ? gs[p] : 1.f;
-        const bool live_t = t < cnt && ms[t] != 0.f;
-        const float be_t = live_t ? bs[t] : 0.f;
-        auto rk_of = [&](int i) { return l2 ? 1.f / sqrtf(Gr[i * 17] + a.eps) : 1.f; };
-        const float rk_t = rk_of(t), rk0 = rk_of(r0), rk1 = rk_of(r1);
-        const float fq_t = a.scale * (l2 ? 1.f / sqrtf(Gr[(8 + t) * 17] + a.eps) : 1.f);
-        // Dec[i][r] = a_{r+1} ... a_i (a product over the range; r = -1: gamma_i).
-        auto dec = [&](int i, int r) {
-          float d = 1.f;
-#pragma unroll
-          for (int p = 0; p < 8; ++p)
-            if (p > r && p <= i) d *= av[p];
-          return d;
-        };
-        const float d0 = dec(t, r0), d1 = dec(t, r1), gamma_t = dec(t, -1);
-        const float l0 = r0 < t ? be_t * d0 * Gr[t * 16 + r0] * rk_t * rk0 : 0.f;
-        const float l1 = r1 < t ? be_t * d1 * Gr[t * 16 + r1] * rk_t * rk1 : 0.f;
-        const float m0 = live_t && r0 <= t ? d0 * Gr[(8 + t) * 16 + r0] * fq_t * rk0 : 0.f;
-        const float m1 = live_t && r1 <= t ? d1 * Gr[(8 + t) * 16 + r1] * fq_t * rk1 : 0.f;
-        *reinterpret_cast<float2*>(Lc + t * 8 + r0) = make_float2(l0, l1);
-        const float mh0 = tf32_hi(m0), mh1 = tf32_hi(m1);
-        MoF[lane] = make_float4(mh0, mh1, m0 - mh0, m1 - mh1);
-        if (lc == 0) {
-          cK[t] = be_t * gamma_t * rk_t;
-          cQ[t] = live_t ? gamma_t * fq_t : 0.f;
-          bE[t] = be_t;
-        }
-        if (t == 7) {
-          cU[r0] = dec(7, r0) * rk0;
-          cU[r1] = dec(7, r1) * rk1;
-          if (lc == 0) gam[0] = gamma_t;
-        }
-        __syncwarp();
-        // Ti = (I + L)^-1 by forward substitution, lane j < 8 its column j.
-        if (lane < 8) {
-          float tcol[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            float x = i == lane ? 1.f : 0.f;
-#pragma unroll
-            for (int p = 0; p < i; ++p) x -= Lc[i * 8 + p] * tcol[p];
-            tcol[i] = i >= lane ? x : 0.f;
-            Ti[i * 8 + lane] = tcol[i];
-          }
-        }
-        __syncwarp();
-        // B fragments of Ti^T (K = token r in the order 2 c, 2 c + 1; N = token g).
-        const float2 ti = *reinterpret_cast<const float2*>(Ti + lg * 8 + 2 * lc);
-        const float th0 = tf32_hi(ti.x), th1 = tf32_hi(ti.y);
-        TiF[lane] = make_float4(th0, th1, ti.x - th0, ti.y - th1);
-      }
       // P^T = S0^T [K; Q]^T: pk (k tokens), pq (q tokens), main + correction accumulators.
       float pk[4] = {0.f, 0.f, 0.f, 0.f}, pke[4] = {0.f, 0.f, 0.f, 0.f};
       float pq[4] = {0.f, 0.f, 0.f, 0.f}, pqe[4] = {0.f, 0.f, 0.f, 0.f};
@@ -467,14 +482,14 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
           mma_tf32(pqe, ah, l.z, l.w);
         }
       }
-      __syncthreads();  // warp 0's coefficients
       // Column phase, C fragment order: (column g, token 2c), (g, 2c + 1), (g + 8, 2c),
       // (g + 8, 2c + 1), columns of the item 16 w + g (+ 8).
       const int s0 = 2 * lc, s1 = s0 + 1, c0 = 16 * warp + lg, c1 = c0 + 8;
-      const float be0 = bE[s0], be1 = bE[s1], ck0 = cK[s0], ck1 = cK[s1];
-      const char* vraw = raw + 16 * DK * es;
+      const float be0 = coef[Ly::kBE + s0], be1 = coef[Ly::kBE + s1];
+      const float ck0 = coef[Ly::kCK + s0], ck1 = coef[Ly::kCK + s1];
+      const char* vraw = raw + 16 * DK * ES;
       auto bval = [&](int tok, int col, float be, float ck, float p) {
-        return be != 0.f ? be * raw_at(vraw, tok * CB + col, dt) - ck * p : 0.f;
+        return be != 0.f ? be * raw_at(vraw, tok * CB + col, DT) - ck * p : 0.f;
       };
       const float4 bb = make_float4(bval(s0, c0, be0, ck0, pk[0] + pke[0]),
                                     bval(s0, c1, be0, ck0, pk[2] + pke[2]),
@@ -483,7 +498,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       // U^T = B^T Ti^T.
       float u[4] = {0.f, 0.f, 0.f, 0.f}, ue[4] = {0.f, 0.f, 0.f, 0.f};
       {
-        const float4 tf = TiF[lane], bh = tf32_hi4(bb), bl = sub4(bb, bh);
+        const float4 tf = reinterpret_cast<const float4*>(coef + Ly::kTiF)[lane];
+        const float4 bh = tf32_hi4(bb), bl = sub4(bb, bh);
         mma_tf32(u, bh, tf.x, tf.y);
         mma_tf32(ue, bl, tf.x, tf.y);
         mma_tf32(ue, bh, tf.z, tf.w);
@@ -492,28 +508,29 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       }
       // O^T = diag(cQ) P_q^T + U^T Mo^T, stored for the chunk's tokens.
       {
-        const float cq0 = cQ[s0], cq1 = cQ[s1];
+        const float cq0 = coef[Ly::kCQ + s0], cq1 = coef[Ly::kCQ + s1];
         float o[4] = {cq0 * (pq[0] + pqe[0]), cq1 * (pq[1] + pqe[1]), cq0 * (pq[2] + pqe[2]),
                       cq1 * (pq[3] + pqe[3])};
         float oe[4] = {0.f, 0.f, 0.f, 0.f};
         const float4 ua = make_float4(u[0], u[2], u[1], u[3]);
-        const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh), mf = MoF[lane];
+        const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
+        const float4 mf = reinterpret_cast<const float4*>(coef + Ly::kMoF)[lane];
         mma_tf32(o, uh, mf.x, mf.y);
         mma_tf32(oe, ul, mf.x, mf.y);
         mma_tf32(oe, uh, mf.z, mf.w);
         const std::int64_t orow = o_row();
         if (s0 < cnt) {
-          store_from_float(a.o, orow + s0 * a.o_st + c0, dt, o[0] + oe[0]);
-          store_from_float(a.o, orow + s0 * a.o_st + c1, dt, o[2] + oe[2]);
+          store_from_float(a.o, orow + s0 * a.o_st + c0, DT, o[0] + oe[0]);
+          store_from_float(a.o, orow + s0 * a.o_st + c1, DT, o[2] + oe[2]);
         }
         if (s1 < cnt) {
-          store_from_float(a.o, orow + s1 * a.o_st + c0, dt, o[1] + oe[1]);
-          store_from_float(a.o, orow + s1 * a.o_st + c1, dt, o[3] + oe[3]);
+          store_from_float(a.o, orow + s1 * a.o_st + c0, DT, o[1] + oe[1]);
+          store_from_float(a.o, orow + s1 * a.o_st + c1, DT, o[3] + oe[3]);
         }
       }
       // S^T = gamma S^T + (U diag(cU))^T K.
       {
-        const float cu0 = cU[s0], cu1 = cU[s1], gl = gam[0];
+        const float cu0 = coef[Ly::kCU + s0], cu1 = coef[Ly::kCU + s1], gl = coef[Ly::kGamma];
         const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
         const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
 #pragma unroll
