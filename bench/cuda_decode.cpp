@@ -443,8 +443,7 @@ int main(int argc, char** argv) {
           for (auto [path, name] : {std::pair<int, const char*>{1, "staged"},
                                     {2, "one"},
                                     {3, "narrow"},
-                                    {4, "chunk"},
-                                    {7, "chunk_v30"}}) {
+                                    {4, "chunk"}}) {
             gdr::cuda::set_recurrent_path_override(path);
             const auto [po, ps] = check_as_timed(std::string());
             paths_err[name] = {{"o", po}, {"state", ps}, {"ok", po < tol && ps < state_tol}};
@@ -482,13 +481,10 @@ int main(int argc, char** argv) {
         if (opt.paths)
           std::printf(
               "             staged %9.2f us  one-token %9.2f us  narrow staged %9.2f us  chunk "
-              "%9.2f us (v30 %9.2f us)%s\n",
+              "%9.2f us%s\n",
               paths["staged"].get<double>(), paths["one"].get<double>(),
               paths["narrow"].get<double>(), paths["chunk"].get<double>(),
-              paths["chunk_v30"].get<double>(),
-              paths_err["chunk"]["ok"].get<bool>() && paths_err["chunk_v30"]["ok"].get<bool>()
-                  ? ""
-                  : " (a chunk kernel FAILED the check)");
+              paths_err["chunk"]["ok"].get<bool>() ? "" : " (chunk FAILED the check)");
         rows.push_back(
             {{"B", B},
              {"T", T},

@@ -3,9 +3,9 @@
 // Instantiated for Dk in {64, 128, 256}, both state layouts and both gate kinds (12 kernels),
 // the narrow k-first tile at Dk 64 and 128 (4 kernels), plus the one-token kernel
 // (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels) and the
-// chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; blocks of 32, 64
-// or 128 value columns, 3 kernels); Dv (64, 128, 256), dtypes and the fused options are run-time
-// values (the dtypes and options are read in the per-chunk staging code only).
+// chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; items of 32, 64
+// or 128 value columns x three token dtypes, 9 kernels); Dv (64, 128, 256), dtypes (but the chunk
+// kernel's) and the fused options are run-time values (read in the per-chunk staging code only).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -22,7 +22,6 @@
 #include "cuda/paths.h"
 #include "cuda/recurrent.cuh"
 #include "cuda/recurrent_chunk.cuh"
-#include "cuda/recurrent_chunk_v30.cuh"
 #include "cuda/recurrent_one.cuh"
 #include "cuda/tuning.h"
 #include "gdr/error.h"
@@ -68,11 +67,11 @@ static_assert(recurrent_one_loads_normal(6144, 1056, false));
 static_assert(!recurrent_one_loads_normal(4096, 1056, false));
 static_assert(!recurrent_one_loads_normal(8192, 1056, true));
 static_assert(recurrent_one_loads_normal(8192, 528, true));
-// The chunk kernel at T = 8 from B = 32 (1024 heads) on, not at B = 8 (256), T = 4 or T = 32.
+// The chunk kernel from T = 8 and B = 32 (1024 heads) on, not at B = 8 (256) or T = 4.
 static_assert(recurrent_chunk_preferred(8, false, 32 * 32, 132));
+static_assert(recurrent_chunk_preferred(32, false, 32 * 32, 132));
 static_assert(!recurrent_chunk_preferred(8, false, 32 * 8, 132));
 static_assert(!recurrent_chunk_preferred(4, false, 32 * 32, 132));
-static_assert(!recurrent_chunk_preferred(32, false, 32 * 32, 132));
 // Its blocks: 128 columns from 2 blocks per SM (B = 32: 1024 blocks), else 32.
 static_assert(recurrent_chunk_columns(32 * 32, 128, 132) == 128);
 static_assert(recurrent_chunk_columns(32, 128, 132) == 32);
@@ -307,9 +306,8 @@ void allow_shared(const void* kernel, std::size_t smem, int device, const char* 
 }
 
 // The chunk kernel (recurrent_chunk.cuh): persistent blocks of 8, 4 or 2 warps on items of 128,
-// 64 or 32 value columns, as many blocks as are resident. `v30` (path 7, benchmarks only): the
-// session-11 kernel (recurrent_chunk_v30.cuh, one block per item of 128 or 32 columns).
-void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, bool v30, const char* op,
+// 64 or 32 value columns, as many blocks as are resident.
+void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
                   cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
   const int forced = g_chunk_columns_override.load(std::memory_order_relaxed);
@@ -320,24 +318,6 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, bool v30, cons
   if (items == 0) return;
   // 16-bit inputs are exact in tf32: no shared lo parts.
   const bool x_exact = prob.dtype != DType::f32;
-  if (v30) {
-    auto run = [&](auto kernel, int threads, auto layout) {
-      using Ly = decltype(layout);
-      const std::size_t smem = sizeof(float) * (x_exact ? Ly::kFloatsExact : Ly::kFloats);
-      const void* k = reinterpret_cast<const void*>(kernel);
-      allow_shared(k, smem, prob.device_index, op);
-      set_prefetch(a, items, resident_blocks(k, threads, smem, prob.device_index, sms, op), false);
-      kernel<<<static_cast<unsigned>(items), threads, smem, stream>>>(a);
-    };
-    if (cols == 128)
-      run(detail::recurrent_chunk_v30_kernel<16, 8>, 256, detail::ChunkV30Layout<16>{});
-    else if (cols == 64)
-      run(detail::recurrent_chunk_v30_kernel<8, 4>, 128, detail::ChunkV30Layout<8>{});
-    else
-      run(detail::recurrent_chunk_v30_kernel<4, 4>, 128, detail::ChunkV30Layout<4>{});
-    check(cudaGetLastError(), op, "chunk kernel launch");
-    return;
-  }
   a.prefetch_blocks = a.prefetch_wave = 0;  // the kernel copies its next item itself
   auto run = [&](auto kernel, auto layout) {
     using Ly = decltype(layout);
@@ -386,9 +366,9 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const bool varlen = a.cu_seqlens != nullptr;
   if (recurrent_chunk_applies(v_first, per_key, prob.Dk, a.state_bf16,
                               (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
-      (path == 4 || path == 7 ||
+      (path == 4 ||
        (path == 0 && !one_applies && recurrent_chunk_preferred(a.T, varlen, heads, sms)))) {
-    launch_chunk(a, prob, sms, path == 7, op, stream);
+    launch_chunk(a, prob, sms, op, stream);
     return;
   }
   const bool one = one_applies && (a.state_bf16 || path == 0 || path == 2);
@@ -467,7 +447,7 @@ void set_recurrent_chunk_columns_override(int columns) {
 }
 
 void set_recurrent_path_override(int path) {
-  g_path_override.store((path >= 1 && path <= 4) || path == 7 ? path : 0);
+  g_path_override.store(path >= 1 && path <= 4 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

@@ -1,5 +1,6 @@
-// Tensor-core and asynchronous-copy helpers of the chunk kernels (recurrent_chunk.cuh): cp.async
-// 16-byte copies global -> shared, the tf32 hi / lo split and mma.sync m16n8k8 with tf32 inputs.
+// Tensor-core and asynchronous-copy helpers of the chunk kernel (recurrent_chunk.cuh): cp.async
+// 16-byte copies global -> shared, the tf32 hi / lo split, mma.sync m16n8k8 with tf32 inputs,
+// mbarriers and bulk copies.
 #pragma once
 
 #include <cstdint>
@@ -33,17 +34,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], float4 a, float b0, floa
       : "r"(__float_as_uint(a.x)), "r"(__float_as_uint(a.y)), "r"(__float_as_uint(a.z)),
         "r"(__float_as_uint(a.w)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
 }
-
-// 3xTF32 (A = ah + al, B = bh + bl): d += ah bh, e += ah bl + al bh (al B skipped when A is
-// exact in tf32); two accumulators, so that the three products are two short dependency chains.
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], float (&e)[4], float4 ah, float4 al,
-                                           float b0, float b1, bool a_exact) {
-  const float bh0 = tf32_hi(b0), bh1 = tf32_hi(b1);
-  mma_tf32(d, ah, bh0, bh1);
-  mma_tf32(e, ah, b0 - bh0, b1 - bh1);
-  if (!a_exact) mma_tf32(e, al, bh0, bh1);
-}
-
 
 // Shared-memory address of a generic pointer into shared memory.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

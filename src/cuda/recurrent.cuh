@@ -255,19 +255,18 @@ __device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
   return __ldg(reinterpret_cast<const float*>(p));
 }
 
-// The work of block blockIdx.x = (n * Hv + hv) * splits + split (the grid is < 2^31 blocks,
-// host): sequence n, its batch row b and tokens [t0, t0 + len) (varlen: row 0, tokens from
-// cu_seqlens), its state row (state_indices[n], or n), value head hv and key head hk.
-// block_item, fill_o_of_skipped_row and block_rows serve the chunk kernel (recurrent_chunk.cuh).
-// recurrent_kernel below keeps the same steps written inline: built on these helpers it measured
-// 2-3 % slower at T = 8 on the H200 (87924c2, bench/NOTES-gpu.md v30), the way an earlier
-// refactor of it did (3666dba).
+// The work item (n * Hv + hv) * splits + split (fewer than 2^31 items, host): sequence n, its
+// batch row b and tokens [t0, t0 + len) (varlen: row 0, tokens from cu_seqlens), its state row
+// (state_indices[n], or n), value head hv and key head hk. block_item_at and block_rows serve the
+// chunk kernel (recurrent_chunk.cuh, persistent blocks); recurrent_kernel below keeps the same
+// steps written inline for its block blockIdx.x: built on these helpers it measured 2-3 % slower
+// at T = 8 on the H200 (87924c2, bench/NOTES-gpu.md v30), the way an earlier refactor of it did
+// (3666dba).
 struct BlockItem {
   std::int64_t n, b, t0, len, row;
   int hv, hk, split;
 };
 
-// Item `bid` of the grid's decomposition (block bid of a grid of one block per item).
 __device__ __forceinline__ BlockItem block_item_at(const RecurrentArgs& a, unsigned bid) {
   BlockItem it;
   const unsigned rest = bid / static_cast<unsigned>(a.splits);
@@ -286,27 +285,7 @@ __device__ __forceinline__ BlockItem block_item_at(const RecurrentArgs& a, unsig
   return it;
 }
 
-__device__ __forceinline__ BlockItem block_item(const RecurrentArgs& a) {
-  return block_item_at(a, blockIdx.x);
-}
-
-// A skipped pool row (negative index) writes o = 0 for the block's cb columns from col0, an index
-// >= P (device indices are not checked on the host) o = NaN; neither touches the state. Returns
-// whether the block's row is one of those (the block is then done).
-__device__ __forceinline__ bool fill_o_of_skipped_row(const RecurrentArgs& a, const BlockItem& it,
-                                                      int col0, int cb) {
-  if (it.row >= 0 && it.row < a.P) return false;
-  const float fill = it.row < 0 ? 0.f : __int_as_float(0x7fc00000);
-  for (std::int64_t e = threadIdx.x; e < it.len * cb; e += blockDim.x) {
-    const std::int64_t t = e / cb;
-    const int c = static_cast<int>(e % cb);
-    store_from_float(a.o, it.b * a.o_sb + (it.t0 + t) * a.o_st + it.hv * a.o_sh + col0 + c,
-                     a.in_dtype, fill);
-  }
-  return true;
-}
-
-// The block's first token row of every input (v from column col0); o as an element index.
+// An item's first token row of every input (v from column col0).
 __device__ __forceinline__ BlockRows block_rows(const RecurrentArgs& a, const BlockItem& it,
                                                 int col0) {
   const std::int64_t b = it.b, t0 = it.t0;

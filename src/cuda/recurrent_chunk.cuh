@@ -2,7 +2,7 @@
 // the state slice in registers, its products on the tensor cores, and persistent blocks that
 // copy the next item's state and tokens while they compute the current one (bench/NOTES-gpu.md,
 // v31). Exists for a k-first fp32 state, Dk = 128, scalar gate (tuning.h, recurrent_chunk_applies;
-// any T, varlen, pools); the rules take it for 8 to 16 tokens per sequence from 4 heads per SM
+// any T, varlen, pools); the rules take it from 8 tokens per sequence and 4 heads per SM
 // (recurrent_chunk_preferred), recurrent.cuh's kernels elsewhere.
 //
 // Math (SPEC Section 2) of one chunk of C <= 8 tokens, per sequence and value head, S0 the
@@ -32,15 +32,15 @@
 //    C fragments of one product are the A fragments of the next by the same token order);
 //  - S^T = gamma S^T + (U diag(cU))^T K (M = columns, N = keys, K = tokens): the update lands in
 //    the state's C fragments.
-// Warp 0 also forms the Gram X X^T and the chunk's 8 x 8 coefficients (L, Ti, Mo and the row
-// factors) while the warps form P^T.
 //
-// Pipeline per chunk: wait for the chunk's copies (an mbarrier per raw token buffer); barrier;
-// (first chunk of an item) state staging -> registers; X and K fragments from the raw tokens;
-// barrier; the last warp issues the next chunk's copies (its raw q, k, v rows and, when it
-// starts an item, the item's state rows into the staging buffer: the bulk-copy engine, a row per
-// copy) and scalar loads; compute; (last chunk) state registers -> the pool. The next copies are
-// in flight during the whole of the current compute.
+// Pipeline per chunk: wait for the chunk's token copies (an mbarrier per raw token buffer) and
+// state copy (cp.async); block barrier; the last warp issues the next chunk's token copies (the
+// bulk-copy engine, a row per lane) and loads its scalars; warp 0 forms the chunk's Gram X X^T
+// and 8 x 8 coefficients (L, Ti, Mo, the row factors) from the raw tokens while the other warps
+// form the X and K fragments, and (first chunk of an item) every warp loads its state fragments
+// from the staging buffer; block barrier; every thread copies the next item's state rows into
+// the staging buffer (cp.async 16-byte units, in flight during the whole compute); P^T, the
+// column products, the update; (last chunk) state registers -> the pool.
 // Decode in place: an item reads its whole slice before it writes; items share no columns.
 #pragma once
 
@@ -55,32 +55,32 @@ namespace gdr::cuda::detail {
 // token buffers follow at kEndExact (16-bit inputs) or kEnd (f32 inputs, with the lo parts).
 template <int W>
 struct ChunkLayout {
-  static constexpr int kDK = 128;                  // keys
-  static constexpr int kCB = 16 * W;               // value columns of an item
-  static constexpr int kSS = kCB + 4;              // staging row stride: conflict-free fragments
-  static constexpr int kSt = 0;                    // [DK][SS] the next item's state, staged
-  static constexpr int kXh = kSt + kDK * kSS;      // [DK / 8][32] float4 X fragments, tf32 hi
-  static constexpr int kKh = kXh + 16 * kDK;       // [DK / 8][32] float2 K fragments, tf32 hi
-  static constexpr int kG = kKh + 8 * kDK;         // [8] a = exp(g)
-  static constexpr int kB = kG + 8;                // [8] beta
-  static constexpr int kM = kB + 8;                // [8] mask (1 = step)
-  static constexpr int kGram = kM + 8;             // [16][16] X X^T (warp 0's scratch)
-  static constexpr int kL = kGram + 256;           // [8][8] L (warp 0's scratch)
-  static constexpr int kTi = kL + 64;              // [8][8] Ti = (I + L)^-1 (warp 0's scratch)
-  // A chunk's coefficients (two slots: the current chunk's and the next one's):
-  static constexpr int kTiF = 0;                   // [32] float4 B fragments of Ti^T (hi, lo)
-  static constexpr int kMoF = kTiF + 128;          // [32] float4 B fragments of Mo^T (hi, lo)
-  static constexpr int kCK = kMoF + 128;           // [8] beta_s gamma_s rk_s
-  static constexpr int kCQ = kCK + 8;              // [8] gamma_t fq_t (0 if masked)
-  static constexpr int kCU = kCQ + 8;              // [8] Dec[C-1][s] rk_s
-  static constexpr int kBE = kCU + 8;              // [8] beta_s (0 if masked)
-  static constexpr int kGamma = kBE + 8;           // [4] gamma_{C-1}
+  static constexpr int kDK = 128;              // keys
+  static constexpr int kCB = 16 * W;           // value columns of an item
+  static constexpr int kSS = kCB + 4;          // staging row stride: conflict-free fragments
+  static constexpr int kSt = 0;                // [DK][SS] the next item's state, staged
+  static constexpr int kXh = kSt + kDK * kSS;  // [DK / 8][32] float4 X fragments, tf32 hi
+  static constexpr int kKh = kXh + 16 * kDK;   // [DK / 8][32] float2 K fragments, tf32 hi
+  static constexpr int kG = kKh + 8 * kDK;     // [8] a = exp(g)
+  static constexpr int kB = kG + 8;            // [8] beta
+  static constexpr int kM = kB + 8;            // [8] mask (1 = step)
+  static constexpr int kGram = kM + 8;         // [16][16] X X^T (warp 0's scratch)
+  static constexpr int kL = kGram + 256;       // [8][8] L (warp 0's scratch)
+  static constexpr int kTi = kL + 64;          // [8][8] Ti = (I + L)^-1 (warp 0's scratch)
+  // The chunk's coefficients (kCoef + these offsets):
+  static constexpr int kTiF = 0;           // [32] float4 B fragments of Ti^T (hi, lo)
+  static constexpr int kMoF = kTiF + 128;  // [32] float4 B fragments of Mo^T (hi, lo)
+  static constexpr int kCK = kMoF + 128;   // [8] beta_s gamma_s rk_s
+  static constexpr int kCQ = kCK + 8;      // [8] gamma_t fq_t (0 if masked)
+  static constexpr int kCU = kCQ + 8;      // [8] Dec[C-1][s] rk_s
+  static constexpr int kBE = kCU + 8;      // [8] beta_s (0 if masked)
+  static constexpr int kGamma = kBE + 8;   // [4] gamma_{C-1}
   static constexpr int kCoefSize = kGamma + 4;
-  static constexpr int kCoef = kTi + 64;           // [2][kCoefSize]
-  static constexpr int kBar = kCoef + 2 * kCoefSize;  // [2] u64 mbarriers of the token buffers
-  static constexpr int kSrc = kBar + 4;            // pointer: the next item's state rows or null
-  static constexpr int kXl = kSrc + 4;             // X fragments, tf32 lo (f32 inputs only)
-  static constexpr int kKl = kXl + 16 * kDK;       // K fragments, tf32 lo (f32 inputs only)
+  static constexpr int kCoef = kTi + 64;          // [kCoefSize]
+  static constexpr int kBar = kCoef + kCoefSize;  // [2] u64 mbarriers of the token buffers
+  static constexpr int kSrc = kBar + 4;           // pointer: the next item's state rows or null
+  static constexpr int kXl = kSrc + 4;            // X fragments, tf32 lo (f32 inputs only)
+  static constexpr int kKl = kXl + 16 * kDK;      // K fragments, tf32 lo (f32 inputs only)
   static constexpr int kEndExact = kXl;
   static constexpr int kEnd = kKl + 8 * kDK;
   // One raw token buffer: q [8][DK], k [8][DK], v [8][CB] elements of es bytes.
@@ -93,9 +93,8 @@ struct ChunkLayout {
 // Raw 16-bit or f32 elements in shared memory as float: element i, and elements i, i + 1.
 __device__ __forceinline__ float raw_at(const char* raw, int i, int dtype) {
   if (dtype == kBF16)
-    return __uint_as_float(static_cast<std::uint32_t>(
-                               *reinterpret_cast<const unsigned short*>(raw + 2 * i))
-                           << 16);
+    return __uint_as_float(
+        static_cast<std::uint32_t>(*reinterpret_cast<const unsigned short*>(raw + 2 * i)) << 16);
   if (dtype == kF16) return __half2float(*reinterpret_cast<const __half*>(raw + 2 * i));
   return *reinterpret_cast<const float*>(raw + 4 * i);
 }
@@ -136,9 +135,8 @@ __device__ __forceinline__ float chunk_scalar_load(const RecurrentArgs& a, const
                : 1.f;
   return 0.f;
 }
-__device__ __forceinline__ void chunk_scalar_store(const RecurrentArgs& a, int cnt, int hv,
-                                                   float x, int lane, float* gs, float* bs,
-                                                   float* ms) {
+__device__ __forceinline__ void chunk_scalar_store(const RecurrentArgs& a, int cnt, int hv, float x,
+                                                   int lane, float* gs, float* bs, float* ms) {
   if (lane < cnt) {  // gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
     if (a.gate_in_kernel) {
       const float A = -expf(__ldg(a.A_log + hv));
@@ -233,10 +231,10 @@ __device__ __forceinline__ const float* state_rows(const RecurrentArgs& a, const
 // accumulations), then per lane (t = g, r = 2c, 2c + 1) the entries (t, r) of L and Mo (its B
 // fragment of Mo^T), the row factors, Ti = (I + L)^-1 and its B fragments.
 template <int DT>
-__device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const char* raw,
-                                                   int cnt, const float* gs, const float* bs,
-                                                   const float* ms, float* Gr, float* Lc,
-                                                   float* Ti, float* coef, int lane) {
+__device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const char* raw, int cnt,
+                                                   const float* gs, const float* bs,
+                                                   const float* ms, float* Gr, float* Lc, float* Ti,
+                                                   float* coef, int lane) {
   constexpr int DK = 128, KT = DK / 8;
   constexpr bool EXACT = DT != kF32;
   const int lg = lane >> 2, lc = lane & 3;
@@ -354,7 +352,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   float* ms = sm + Ly::kM;
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(sm + Ly::kBar);
   const float** next_src = reinterpret_cast<const float**>(sm + Ly::kSrc);
-  auto coef_slot = [&](int b) { return sm + Ly::kCoef + b * Ly::kCoefSize; };
+  float* coef = sm + Ly::kCoef;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int lg = lane >> 2, lc = lane & 3;  // mma fragment row group and column
@@ -390,7 +388,6 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     const std::int64_t nch = item_chunks(it), tb = 8 * ch;
     const int cnt = chunk_tokens(it, ch);
     const char* raw = tok0 + buf * tok_bytes;
-    const float* coef = coef_slot(0);
     std::int64_t next_item = item, next_ch = ch + 1;
     if (next_ch == nch) next_item += gridDim.x, next_ch = 0;
     const bool more = next_item < items;
@@ -403,8 +400,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     // The last warp: the next chunk's tokens and scalars; the next item's state rows for every
     // thread (copied after the next barrier).
     if (warp == ISSUER && more) {
-      const BlockItem nit =
-          next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
+      const BlockItem nit = next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
       const bool next_live = live_of(nit);
       if (lane == 0)
         *next_src = next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
@@ -414,7 +410,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     // Warp 0: the chunk's coefficients, while the other warps form the fragments.
     if (live && warp == 0)
       chunk_coefficients<DT>(a, raw, cnt, gs, bs, ms, sm + Ly::kGram, sm + Ly::kL, sm + Ly::kTi,
-                             coef_slot(0), lane);
+                             coef, lane);
     if (live) {
       if (ch == 0) {  // the state -> registers
         const float* sp = St + (2 * lc) * SS + 16 * warp + lg;
@@ -442,8 +438,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         const int key2 = 8 * (f >> 5) + t, s0 = 2 * c, s1 = s0 + 1;
         const float y0 = raw_at(raw, (8 + s0) * DK + key2, DT);
         const float y1 = raw_at(raw, (8 + s1) * DK + key2, DT);
-        const float2 y = make_float2(s0 < cnt && ms[s0] != 0.f ? y0 : 0.f,
-                                     s1 < cnt && ms[s1] != 0.f ? y1 : 0.f);
+        const float2 y =
+            make_float2(s0 < cnt && ms[s0] != 0.f ? y0 : 0.f, s1 < cnt && ms[s1] != 0.f ? y1 : 0.f);
         const float2 yh = EXACT ? y : make_float2(tf32_hi(y.x), tf32_hi(y.y));
         Kh[f] = yh;
         if constexpr (!EXACT) Kl[f] = make_float2(y.x - yh.x, y.y - yh.y);
@@ -551,8 +547,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       }
       // The item's last chunk: the state -> the pool (column 16 w + g (+ 8), key 8 j + 2c (+ 1)).
       if (ch + 1 == nch && a.h_out) {
-        float* out = a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 +
-                     s0 * a.hout_s2;
+        float* out = a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 + s0 * a.hout_s2;
         const std::int64_t r8 = 8 * a.hout_s2;
 #pragma unroll
         for (int j = 0; j < KT; ++j) {

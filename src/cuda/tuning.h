@@ -68,7 +68,7 @@ constexpr int recurrent_one_warps_per_block(std::int64_t heads, std::int64_t dk,
   return static_cast<int>(w);
 }
 
-// The chunk kernel (recurrent_chunk.cuh: state in shared memory, products on the tensor cores)
+// The chunk kernel (recurrent_chunk.cuh: state in registers, products on the tensor cores)
 // exists for a k-first fp32 state with Dk = 128 and a scalar gate whose state rows (read and
 // written) are 16-byte aligned; any T, varlen, pools.
 constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t dk,
@@ -76,8 +76,9 @@ constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t 
   return !v_first && !per_key && dk == 128 && !bf16_state && state_rows_aligned;
 }
 
-// Value columns per block of the chunk kernel: 128 (8 warps) while that gives at least two blocks
-// per SM, else 32 (4 warps), so that small grids reach more SMs.
+// Value columns per item of the chunk kernel: 128 (blocks of 8 warps) while that gives at least
+// two items per SM, else 32 (2 warps), so that small grids reach more SMs. (Items of 64 and 32
+// columns at T = 8, B = 256: 373 and 492 us against 357, bench/NOTES-gpu.md v31.)
 constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int sm_count) {
   return dv % 128 == 0 && heads * (dv / 128) >= 2 * static_cast<std::int64_t>(sm_count) ? 128 : 32;
 }
@@ -87,15 +88,15 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
 void set_recurrent_chunk_columns_override(int columns);
 
 // Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on
-// the H200 (bench/NOTES-gpu.md, v30; Hv = 32, Dk = Dv = 128, bf16 inputs, us staged | chunk, same
-// process): T = 8: B = 8 18.8 | 22.7, B = 32 66.6 | 58.7, B = 64 119.7 | 107.0, B = 256 426.1 |
-// 392.5; T = 16: B = 32 99.9 | 92.3, B = 256 683.9 | 665.0; T = 4: B = 32 52.7 | 55.0, B = 256
-// 337.0 | 370.6. Per further chunk of 8 tokens the chunk kernel costs more than the staged one
-// (T = 8 -> 16 at B = 256: +273 against +258 us), so long sequences stay staged. Rule: 8 to 16
-// tokens per sequence (no varlen) and at least 4 heads per SM.
+// the H200 (bench/NOTES-gpu.md, v31; Hv = 32, Dk = Dv = 128, bf16 inputs, us staged | chunk, same
+// process): T = 8: B = 8 18.8 | 21.6, B = 32 65.9 | 53.3, B = 128 222.0 | 181.6, B = 256 426.0 |
+// 351.6; T = 16: B = 8 27.9 | 33.8, B = 32 100.1 | 74.6, B = 256 684.1 | 488.8. A further chunk of
+// 8 tokens costs the chunk kernel less than the staged one (T = 8 -> 16 at B = 256: +137 against
+// +258 us), so longer sequences take it too; below 4 heads per SM (B = 8: 256 heads) the staged
+// kernel wins. Rule: from 8 tokens per sequence (no varlen) and 4 heads per SM.
 constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::int64_t heads,
                                          int sm_count) {
-  return !varlen && tokens >= 8 && tokens <= 16 && heads >= 4 * static_cast<std::int64_t>(sm_count);
+  return !varlen && tokens >= 8 && heads >= 4 * static_cast<std::int64_t>(sm_count);
 }
 
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).
