@@ -1,8 +1,8 @@
 // The recurrent (per-token) gated delta rule kernel: decode (state in place, T = 1..16) and the
 // sequential forward (h0 -> final_state, any T, varlen) run through the same kernel, except a
 // single token on a k-first state with aligned rows, which recurrent_one.cuh's kernel takes
-// (same tile and token step, kfirst_token below, without the shared-memory staging), and 8 to 16
-// tokens on a k-first fp32 state with Dk = 128 and a scalar gate on a large grid, which
+// (same tile and token step, kfirst_token below, without the shared-memory staging), and 8 or
+// more tokens on a k-first fp32 state with Dk = 128 and a scalar gate on a large grid, which
 // recurrent_chunk.cuh's kernel takes (tuning.h).
 //
 // Math (SPEC Section 2), per sequence and value head, S in R^{Dk x Dv}, column j of S being

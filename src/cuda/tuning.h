@@ -83,7 +83,7 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
   return dv % 128 == 0 && heads * (dv / 128) >= 2 * static_cast<std::int64_t>(sm_count) ? 128 : 32;
 }
 
-// Tests and benchmarks: the chunk kernel's block of 32, 64 or 128 value columns whatever the grid
+// Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
 // (128 only where Dv % 128 == 0); 0 restores the rule.
 void set_recurrent_chunk_columns_override(int columns);
 
@@ -92,8 +92,9 @@ void set_recurrent_chunk_columns_override(int columns);
 // process): T = 8: B = 8 18.8 | 21.6, B = 32 65.9 | 53.3, B = 128 222.0 | 181.6, B = 256 426.0 |
 // 351.6; T = 16: B = 8 27.9 | 33.8, B = 32 100.1 | 74.6, B = 256 684.1 | 488.8. A further chunk of
 // 8 tokens costs the chunk kernel less than the staged one (T = 8 -> 16 at B = 256: +137 against
-// +258 us), so longer sequences take it too; below 4 heads per SM (B = 8: 256 heads) the staged
-// kernel wins. Rule: from 8 tokens per sequence (no varlen) and 4 heads per SM.
+// +258 us), so longer sequences take it too (forward only beyond 16: not timed there); below 4
+// heads per SM (B = 8: 256 heads) the staged kernel wins. Rule: from 8 tokens per sequence (no
+// varlen) and 4 heads per SM.
 constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::int64_t heads,
                                          int sm_count) {
   return !varlen && tokens >= 8 && heads >= 4 * static_cast<std::int64_t>(sm_count);
