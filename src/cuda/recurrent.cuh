@@ -85,8 +85,8 @@ struct RecurrentArgs {
   // q, k, v (and a per-key g) rows start on 16-byte boundaries with strides to match: the
   // staging then moves 16-byte units (8 bf16/f16 or 4 f32 values) instead of elements.
   bool vec_tok;
-  bool vec_o;     // o rows start on 16-byte boundaries with strides to match
-  bool in_place;  // h_out is h_in (decode): a state left unchanged need not be stored
+  bool vec_o;       // o rows start on 16-byte boundaries with strides to match
+  bool in_place;    // h_out is h_in (decode): a state left unchanged need not be stored
   bool state_bf16;  // decode: the pool holds bfloat16 (the one-token kernel only)
   // The next-wave L2 prefetch (prefetch_state_of_block): block b also asks the L2 for the state
   // of block b + prefetch_wave when b < prefetch_wave (a first-wave block, one wave ahead), else
@@ -304,14 +304,18 @@ __device__ __forceinline__ BlockRows block_rows(const RecurrentArgs& a, const Bl
 
 // Per-token scalars: [scalar g: cnt (scalar gate only)][beta: cnt][mask: cnt]; loaded into
 // `x` (at most 2 per thread: 3 * 16 <= 2 * 32), stored by store_scalars after the other loads.
-// `tb` is the chunk's first token relative to the block's first token.
-template <bool PERKEY>
+// `tb` is the chunk's first token relative to the block's first token. Thread f0 takes scalars
+// f0, f0 + stride, ... (N of them; by default the block's threads, two each; a single warp
+// passes its lane, 32 and N = 1 for at most 24 scalars).
+template <bool PERKEY, int N = 2>
 __device__ __forceinline__ void load_scalars(const RecurrentArgs& a, const BlockRows& r, int cnt,
-                                             std::int64_t tb, float x[2]) {
+                                             std::int64_t tb, float* x,
+                                             int f0 = static_cast<int>(threadIdx.x),
+                                             int stride = static_cast<int>(blockDim.x)) {
   const int s_b = PERKEY ? 0 : cnt, s_m = s_b + cnt, s_end = s_m + cnt;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int f = threadIdx.x + j * blockDim.x;
+  for (int j = 0; j < N; ++j) {
+    const int f = f0 + j * stride;
     x[j] = 0.f;
     if (f < s_b) {
       x[j] = bytes_as_float(r.g.at(tb + f), a.g_dtype);
@@ -325,14 +329,16 @@ __device__ __forceinline__ void load_scalars(const RecurrentArgs& a, const Block
   }
 }
 
-template <bool PERKEY>
+template <bool PERKEY, int N = 2>
 __device__ __forceinline__ void store_scalars(const RecurrentArgs& a, int cnt, float A,
-                                              const float* dtb, const float x[2], float* gs,
-                                              float* bs, float* ms) {
+                                              const float* dtb, const float* x, float* gs,
+                                              float* bs, float* ms,
+                                              int f0 = static_cast<int>(threadIdx.x),
+                                              int stride = static_cast<int>(blockDim.x)) {
   const int s_b = PERKEY ? 0 : cnt, s_m = s_b + cnt, s_end = s_m + cnt;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int f = threadIdx.x + j * blockDim.x;
+  for (int j = 0; j < N; ++j) {
+    const int f = f0 + j * stride;
     if (f < s_b) {  // a = exp(g); gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
       gs[f] = expf(a.gate_in_kernel ? A * softplus(x[j] + (dtb ? __ldg(dtb) : 0.f)) : x[j]);
     } else if (f < s_m) {

@@ -122,33 +122,14 @@ __device__ __forceinline__ int chunk_tokens(const BlockItem& x, std::int64_t ch)
   return static_cast<int>(x.len - 8 * ch < 8 ? x.len - 8 * ch : 8);
 }
 
-// Per-token scalar `lane` of a chunk of cnt tokens: [g: cnt][beta: cnt][mask: cnt] (3 cnt <= 24
-// lanes), loaded into a register by chunk_scalar_load; chunk_scalar_store converts it (a = exp(g),
-// the fused gate and beta sigmoid) and stores it when the chunk is processed.
-__device__ __forceinline__ float chunk_scalar_load(const RecurrentArgs& a, const BlockRows& r,
-                                                   int cnt, std::int64_t tb, int lane) {
-  if (lane < cnt) return bytes_as_float(r.g.at(tb + lane), a.g_dtype);
-  if (lane < 2 * cnt) return bytes_as_float(r.beta.at(tb + lane - cnt), a.beta_dtype);
-  if (lane < 3 * cnt)
-    return a.mask && !__ldg(reinterpret_cast<const std::uint8_t*>(r.mask.at(tb + lane - 2 * cnt)))
-               ? 0.f
-               : 1.f;
-  return 0.f;
-}
+// The issuing warp's lane scalar of a chunk (recurrent.cuh's load_scalars / store_scalars over
+// the warp's lanes, one each: 3 cnt <= 24 scalars), stored with the value head's fused-gate
+// parameters.
 __device__ __forceinline__ void chunk_scalar_store(const RecurrentArgs& a, int cnt, int hv, float x,
                                                    int lane, float* gs, float* bs, float* ms) {
-  if (lane < cnt) {  // gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
-    if (a.gate_in_kernel) {
-      const float A = -expf(__ldg(a.A_log + hv));
-      const float dtb = a.dt_bias ? __ldg(a.dt_bias + hv * a.dt_bias_sh) : 0.f;
-      x = A * softplus(x + dtb);
-    }
-    gs[lane] = expf(x);
-  } else if (lane < 2 * cnt) {
-    bs[lane - cnt] = a.beta_sigmoid ? 1.f / (1.f + expf(-x)) : x;
-  } else if (lane < 3 * cnt) {
-    ms[lane - 2 * cnt] = x;
-  }
+  const float A = a.gate_in_kernel && lane < cnt ? -expf(__ldg(a.A_log + hv)) : 0.f;
+  const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
+  store_scalars<false, 1>(a, cnt, A, dtb, &x, gs, bs, ms, lane, 32);
 }
 
 // The issuing warp: chunk ch of item `it` into the raw token buffer `raw` (q and k rows of Dk
@@ -168,7 +149,8 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
   const int col0 = it.split * CB, cnt = chunk_tokens(it, ch);
   const std::int64_t tb = 8 * ch;
   const BlockRows r = block_rows(a, it, col0);
-  const float x = chunk_scalar_load(a, r, cnt, tb, lane);
+  float x = 0.f;
+  load_scalars<false, 1>(a, r, cnt, tb, &x, lane, 32);
   const int es = dtype_bytes(a.in_dtype);
   const unsigned qbytes = DK * es, vbytes = CB * es;
   fence_proxy_async();  // this warp's earlier generic stores into the buffer come first
