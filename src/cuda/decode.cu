@@ -72,7 +72,7 @@ static_assert(recurrent_chunk_preferred(8, false, 32 * 32, 132));
 static_assert(recurrent_chunk_preferred(32, false, 32 * 32, 132));
 static_assert(!recurrent_chunk_preferred(8, false, 32 * 8, 132));
 static_assert(!recurrent_chunk_preferred(4, false, 32 * 32, 132));
-// Its blocks: 128 columns from 2 blocks per SM (B = 32: 1024 blocks), else 32.
+// Its items: 128 columns from 2 items per SM (B = 32: 1024 items), else 32.
 static_assert(recurrent_chunk_columns(32 * 32, 128, 132) == 128);
 static_assert(recurrent_chunk_columns(32, 128, 132) == 32);
 

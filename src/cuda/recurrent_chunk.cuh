@@ -51,6 +51,19 @@
 
 namespace gdr::cuda::detail {
 
+// A chunk's coefficients in shared memory (floats from ChunkLayout::kCoef; warp 0 writes them,
+// every warp reads them).
+struct ChunkCoef {
+  static constexpr int kTiF = 0;           // [32] float4 B fragments of Ti^T (hi, lo)
+  static constexpr int kMoF = kTiF + 128;  // [32] float4 B fragments of Mo^T (hi, lo)
+  static constexpr int kCK = kMoF + 128;   // [8] beta_s gamma_s rk_s
+  static constexpr int kCQ = kCK + 8;      // [8] gamma_t fq_t (0 if masked)
+  static constexpr int kCU = kCQ + 8;      // [8] Dec[C-1][s] rk_s
+  static constexpr int kBE = kCU + 8;      // [8] beta_s (0 if masked)
+  static constexpr int kGamma = kBE + 8;   // [4] gamma_{C-1}
+  static constexpr int kSize = kGamma + 4;
+};
+
 // Shared memory of one block, in floats (every array starts on a 16-byte boundary); the two raw
 // token buffers follow at kEndExact (16-bit inputs) or kEnd (f32 inputs, with the lo parts).
 template <int W>
@@ -67,20 +80,11 @@ struct ChunkLayout {
   static constexpr int kGram = kM + 8;         // [16][16] X X^T (warp 0's scratch)
   static constexpr int kL = kGram + 256;       // [8][8] L (warp 0's scratch)
   static constexpr int kTi = kL + 64;          // [8][8] Ti = (I + L)^-1 (warp 0's scratch)
-  // The chunk's coefficients (kCoef + these offsets):
-  static constexpr int kTiF = 0;           // [32] float4 B fragments of Ti^T (hi, lo)
-  static constexpr int kMoF = kTiF + 128;  // [32] float4 B fragments of Mo^T (hi, lo)
-  static constexpr int kCK = kMoF + 128;   // [8] beta_s gamma_s rk_s
-  static constexpr int kCQ = kCK + 8;      // [8] gamma_t fq_t (0 if masked)
-  static constexpr int kCU = kCQ + 8;      // [8] Dec[C-1][s] rk_s
-  static constexpr int kBE = kCU + 8;      // [8] beta_s (0 if masked)
-  static constexpr int kGamma = kBE + 8;   // [4] gamma_{C-1}
-  static constexpr int kCoefSize = kGamma + 4;
-  static constexpr int kCoef = kTi + 64;          // [kCoefSize]
-  static constexpr int kBar = kCoef + kCoefSize;  // [2] u64 mbarriers of the token buffers
-  static constexpr int kSrc = kBar + 4;           // pointer: the next item's state rows or null
-  static constexpr int kXl = kSrc + 4;            // X fragments, tf32 lo (f32 inputs only)
-  static constexpr int kKl = kXl + 16 * kDK;      // K fragments, tf32 lo (f32 inputs only)
+  static constexpr int kCoef = kTi + 64;       // [ChunkCoef::kSize] the coefficients
+  static constexpr int kBar = kCoef + ChunkCoef::kSize;  // [2] u64 mbarriers, token buffers
+  static constexpr int kSrc = kBar + 4;       // pointer: the next item's state rows or null
+  static constexpr int kXl = kSrc + 4;        // X fragments, tf32 lo (f32 inputs only)
+  static constexpr int kKl = kXl + 16 * kDK;  // K fragments, tf32 lo (f32 inputs only)
   static constexpr int kEndExact = kXl;
   static constexpr int kEnd = kKl + 8 * kDK;
   // One raw token buffer: q [8][DK], k [8][DK], v [8][CB] elements of es bytes.
@@ -206,7 +210,7 @@ __device__ __forceinline__ const float* state_rows(const RecurrentArgs& a, const
 }
 
 // Warp 0: the coefficients of a chunk of cnt tokens (raw tokens in `raw`, its a, beta, mask in
-// gs, bs, ms) into `coef` (ChunkLayout's slot): the Gram X X^T on the tensor cores (16 x 16, X
+// gs, bs, ms) into `coef` (ChunkCoef): the Gram X X^T on the tensor cores (16 x 16, X
 // = [k_0..7; q_0..7] raw, zero rows for masked or padding tokens; lane (g, c) holds X's A fragment
 // (x.x, x.z, x.y, x.w) and X^T's B fragments (x.x, x.y) (k columns), (x.z, x.w) (q columns) of
 // x = (k_g[key], k_g[key + 1], q_g[key], q_g[key + 1]), key = 8 j + 2 c; two independent
@@ -279,18 +283,18 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const
   const float m0 = live_t && r0 <= t ? d0 * Gr[(8 + t) * 16 + r0] * fq_t * rk0 : 0.f;
   const float m1 = live_t && r1 <= t ? d1 * Gr[(8 + t) * 16 + r1] * fq_t * rk1 : 0.f;
   *reinterpret_cast<float2*>(Lc + t * 8 + r0) = make_float2(l0, l1);
-  using Ly = ChunkLayout<8>;  // the slot's offsets (the same for every W)
+  using Cf = ChunkCoef;
   const float mh0 = tf32_hi(m0), mh1 = tf32_hi(m1);
-  reinterpret_cast<float4*>(coef + Ly::kMoF)[lane] = make_float4(mh0, mh1, m0 - mh0, m1 - mh1);
+  reinterpret_cast<float4*>(coef + Cf::kMoF)[lane] = make_float4(mh0, mh1, m0 - mh0, m1 - mh1);
   if (lc == 0) {
-    coef[Ly::kCK + t] = be_t * gamma_t * rk_t;
-    coef[Ly::kCQ + t] = live_t ? gamma_t * fq_t : 0.f;
-    coef[Ly::kBE + t] = be_t;
+    coef[Cf::kCK + t] = be_t * gamma_t * rk_t;
+    coef[Cf::kCQ + t] = live_t ? gamma_t * fq_t : 0.f;
+    coef[Cf::kBE + t] = be_t;
   }
   if (t == 7) {
-    coef[Ly::kCU + r0] = dec(7, r0) * rk0;
-    coef[Ly::kCU + r1] = dec(7, r1) * rk1;
-    if (lc == 0) coef[Ly::kGamma] = gamma_t;
+    coef[Cf::kCU + r0] = dec(7, r0) * rk0;
+    coef[Cf::kCU + r1] = dec(7, r1) * rk1;
+    if (lc == 0) coef[Cf::kGamma] = gamma_t;
   }
   __syncwarp();
   // Ti = (I + L)^-1 by forward substitution, lane j < 8 its column j.
@@ -309,7 +313,7 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const
   // B fragments of Ti^T (K = token r in the order 2 c, 2 c + 1; N = token g).
   const float2 ti = *reinterpret_cast<const float2*>(Ti + lg * 8 + 2 * lc);
   const float th0 = tf32_hi(ti.x), th1 = tf32_hi(ti.y);
-  reinterpret_cast<float4*>(coef + Ly::kTiF)[lane] = make_float4(th0, th1, ti.x - th0, ti.y - th1);
+  reinterpret_cast<float4*>(coef + Cf::kTiF)[lane] = make_float4(th0, th1, ti.x - th0, ti.y - th1);
 }
 
 // W warps, items of 16 W value columns; Dv % (16 W) == 0 (host). DT: the token dtype (16-bit
@@ -318,6 +322,7 @@ template <int W, int DT>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
   using Ly = ChunkLayout<W>;
+  using Cf = ChunkCoef;
   constexpr int DK = Ly::kDK, CB = Ly::kCB, SS = Ly::kSS, NTHREADS = W * 32;
   constexpr int KT = DK / 8;  // key tiles of 8
   constexpr bool EXACT = DT != kF32;
@@ -463,8 +468,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       // Column phase, C fragment order: (column g, token 2c), (g, 2c + 1), (g + 8, 2c),
       // (g + 8, 2c + 1), columns of the item 16 w + g (+ 8).
       const int s0 = 2 * lc, s1 = s0 + 1, c0 = 16 * warp + lg, c1 = c0 + 8;
-      const float be0 = coef[Ly::kBE + s0], be1 = coef[Ly::kBE + s1];
-      const float ck0 = coef[Ly::kCK + s0], ck1 = coef[Ly::kCK + s1];
+      const float be0 = coef[Cf::kBE + s0], be1 = coef[Cf::kBE + s1];
+      const float ck0 = coef[Cf::kCK + s0], ck1 = coef[Cf::kCK + s1];
       const char* vraw = raw + 16 * DK * ES;
       auto bval = [&](int tok, int col, float be, float ck, float p) {
         return be != 0.f ? be * raw_at(vraw, tok * CB + col, DT) - ck * p : 0.f;
@@ -476,7 +481,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       // U^T = B^T Ti^T.
       float u[4] = {0.f, 0.f, 0.f, 0.f}, ue[4] = {0.f, 0.f, 0.f, 0.f};
       {
-        const float4 tf = reinterpret_cast<const float4*>(coef + Ly::kTiF)[lane];
+        const float4 tf = reinterpret_cast<const float4*>(coef + Cf::kTiF)[lane];
         const float4 bh = tf32_hi4(bb), bl = sub4(bb, bh);
         mma_tf32(u, bh, tf.x, tf.y);
         mma_tf32(ue, bl, tf.x, tf.y);
@@ -486,13 +491,13 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       }
       // O^T = diag(cQ) P_q^T + U^T Mo^T, stored for the chunk's tokens.
       {
-        const float cq0 = coef[Ly::kCQ + s0], cq1 = coef[Ly::kCQ + s1];
+        const float cq0 = coef[Cf::kCQ + s0], cq1 = coef[Cf::kCQ + s1];
         float o[4] = {cq0 * (pq[0] + pqe[0]), cq1 * (pq[1] + pqe[1]), cq0 * (pq[2] + pqe[2]),
                       cq1 * (pq[3] + pqe[3])};
         float oe[4] = {0.f, 0.f, 0.f, 0.f};
         const float4 ua = make_float4(u[0], u[2], u[1], u[3]);
         const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
-        const float4 mf = reinterpret_cast<const float4*>(coef + Ly::kMoF)[lane];
+        const float4 mf = reinterpret_cast<const float4*>(coef + Cf::kMoF)[lane];
         mma_tf32(o, uh, mf.x, mf.y);
         mma_tf32(oe, ul, mf.x, mf.y);
         mma_tf32(oe, uh, mf.z, mf.w);
@@ -508,7 +513,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       }
       // S^T = gamma S^T + (U diag(cU))^T K.
       {
-        const float cu0 = coef[Ly::kCU + s0], cu1 = coef[Ly::kCU + s1], gl = coef[Ly::kGamma];
+        const float cu0 = coef[Cf::kCU + s0], cu1 = coef[Cf::kCU + s1], gl = coef[Cf::kGamma];
         const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
         const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
 #pragma unroll
