@@ -40,7 +40,8 @@
 // form the X and K fragments, and (first chunk of an item) every warp loads its state fragments
 // from the staging buffer; block barrier; every thread copies the next item's state rows into
 // the staging buffer (cp.async 16-byte units, in flight during the whole compute); P^T, the
-// column products, the update; (last chunk) state registers -> the pool.
+// column products, the update (last chunk: each key tile of the state -> the pool as soon as it
+// is updated).
 // Decode in place: an item reads its whole slice before it writes; items share no columns.
 #pragma once
 
@@ -511,11 +512,18 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
           store_from_float(a.o, orow + s1 * a.o_st + c1, DT, o[3] + oe[3]);
         }
       }
-      // S^T = gamma S^T + (U diag(cU))^T K.
+      // S^T = gamma S^T + (U diag(cU))^T K; the item's last chunk stores each key tile of the
+      // state to the pool as soon as it is updated (column 16 w + g (+ 8), key 8 j + 2c (+ 1)):
+      // the stores spread over the update's products instead of queueing behind them.
       {
         const float cu0 = coef[Cf::kCU + s0], cu1 = coef[Cf::kCU + s1], gl = coef[Cf::kGamma];
         const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
         const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
+        const bool store = ch + 1 == nch && a.h_out;
+        float* out = store ? a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 +
+                                 s0 * a.hout_s2
+                           : nullptr;
+        const std::int64_t r8 = 8 * a.hout_s2;
 #pragma unroll
         for (int j = 0; j < KT; ++j) {
           float e[4] = {0.f, 0.f, 0.f, 0.f};
@@ -530,18 +538,12 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
           }
 #pragma unroll
           for (int r = 0; r < 4; ++r) s[j][r] += e[r];
-        }
-      }
-      // The item's last chunk: the state -> the pool (column 16 w + g (+ 8), key 8 j + 2c (+ 1)).
-      if (ch + 1 == nch && a.h_out) {
-        float* out = a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 + s0 * a.hout_s2;
-        const std::int64_t r8 = 8 * a.hout_s2;
-#pragma unroll
-        for (int j = 0; j < KT; ++j) {
-          __stcs(out + j * r8, s[j][0]);
-          __stcs(out + j * r8 + a.hout_s2, s[j][1]);
-          __stcs(out + j * r8 + 8, s[j][2]);
-          __stcs(out + j * r8 + a.hout_s2 + 8, s[j][3]);
+          if (store) {
+            __stcs(out + j * r8, s[j][0]);
+            __stcs(out + j * r8 + a.hout_s2, s[j][1]);
+            __stcs(out + j * r8 + 8, s[j][2]);
+            __stcs(out + j * r8 + a.hout_s2 + 8, s[j][3]);
+          }
         }
       }
     }
