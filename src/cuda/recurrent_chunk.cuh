@@ -65,6 +65,11 @@ struct ChunkCoef {
   static constexpr int kSize = kGamma + 4;
 };
 
+// Row stride (elements) of the q and k rows of a raw token buffer: Dk = 128 padded by 8 (16 or 32
+// bytes, so rows stay 16-byte aligned for the bulk copies) so that the 8 tokens of a fragment
+// read fall in different banks; v rows are padded the same way (ChunkLayout::kRV).
+constexpr int kChunkRQ = 128 + 8;
+
 // Shared memory of one block, in floats (every array starts on a 16-byte boundary); the two raw
 // token buffers follow at kEndExact (16-bit inputs) or kEnd (f32 inputs, with the lo parts).
 template <int W>
@@ -88,8 +93,11 @@ struct ChunkLayout {
   static constexpr int kKl = kXl + 16 * kDK;  // K fragments, tf32 lo (f32 inputs only)
   static constexpr int kEndExact = kXl;
   static constexpr int kEnd = kKl + 8 * kDK;
-  // One raw token buffer: q [8][DK], k [8][DK], v [8][CB] elements of es bytes.
-  static constexpr int token_bytes(int es) { return 8 * (2 * kDK + kCB) * es; }
+  // One raw token buffer: q [8][RQ], k [8][RQ], v [8][RV] elements of es bytes.
+  static constexpr int kRQ = kChunkRQ;  // q, k row stride (elements)
+  static constexpr int kRV = kCB + 8;   // v row stride (elements)
+  static constexpr int kV0 = 16 * kRQ;  // first v element
+  static constexpr int token_bytes(int es) { return 8 * (2 * kRQ + kRV) * es; }
   static constexpr int bytes(bool exact, int es) {
     return 4 * (exact ? kEndExact : kEnd) + 2 * token_bytes(es);
   }
@@ -146,7 +154,7 @@ template <int CB>
 __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const BlockItem& it,
                                               std::int64_t ch, bool live, char* raw,
                                               std::uint64_t* bar, int lane) {
-  constexpr int DK = 128;
+  constexpr int DK = 128, RQ = kChunkRQ, RV = CB + 8;
   if (!live) {
     if (lane == 0) mbar_arrive_expect_tx(bar, 0);
     return 0.f;
@@ -165,7 +173,7 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
     if (lane < 3 * cnt) {
       const int kind = lane < cnt ? 0 : (lane < 2 * cnt ? 1 : 2), t = lane - kind * cnt;
       const TokenRows& rows = kind == 0 ? r.q : (kind == 1 ? r.k : r.v);
-      char* dst = raw + (kind < 2 ? (kind * 8 + t) * DK : 16 * DK + t * CB) * es;
+      char* dst = raw + (kind < 2 ? (kind * 8 + t) * RQ : 16 * RQ + t * RV) * es;
       bulk_copy(dst, rows.at(tb + t), kind < 2 ? qbytes : vbytes, bar);
     }
   } else {
@@ -175,11 +183,11 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
       if (f < 2 * cnt * DK) {
         const int is_k = f >= cnt * DK, e = f - is_k * cnt * DK, t = e / DK, i = e % DK;
         src = (is_k ? r.k : r.q).at(tb + t) + i * es;
-        at = (is_k * 8 + t) * DK + i;
+        at = (is_k * 8 + t) * RQ + i;
       } else {
         const int e = f - 2 * cnt * DK, t = e / CB, i = e % CB;
         src = r.v.at(tb + t) + i * es;
-        at = 16 * DK + t * CB + i;
+        at = 16 * RQ + t * RV + i;
       }
       if (es == 4)
         reinterpret_cast<float*>(raw)[at] = __ldg(reinterpret_cast<const float*>(src));
@@ -222,7 +230,7 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const
                                                    const float* gs, const float* bs,
                                                    const float* ms, float* Gr, float* Lc, float* Ti,
                                                    float* coef, int lane) {
-  constexpr int DK = 128, KT = DK / 8;
+  constexpr int DK = 128, KT = DK / 8, RQ = kChunkRQ;
   constexpr bool EXACT = DT != kF32;
   const int lg = lane >> 2, lc = lane & 3;
   const bool live_g = lg < cnt && ms[lg] != 0.f;
@@ -234,8 +242,8 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
     const int key = 8 * j + 2 * lc;
-    const float2 kk = raw_pair(raw, (8 + lg) * DK + key, DT);
-    const float2 qq = raw_pair(raw, lg * DK + key, DT);
+    const float2 kk = raw_pair(raw, (8 + lg) * RQ + key, DT);
+    const float2 qq = raw_pair(raw, lg * RQ + key, DT);
     const float4 x = live_g ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 h = EXACT ? x : tf32_hi4(x);
     const float4 ah = make_float4(h.x, h.z, h.y, h.w);
@@ -324,7 +332,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
   using Ly = ChunkLayout<W>;
   using Cf = ChunkCoef;
-  constexpr int DK = Ly::kDK, CB = Ly::kCB, SS = Ly::kSS, NTHREADS = W * 32;
+  constexpr int DK = Ly::kDK, CB = Ly::kCB, SS = Ly::kSS, RQ = Ly::kRQ, NTHREADS = W * 32;
   constexpr int KT = DK / 8;  // key tiles of 8
   constexpr bool EXACT = DT != kF32;
   constexpr int ES = EXACT ? 2 : 4;
@@ -413,10 +421,16 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       // X fragments: float4 f = (key tile j, lane) = (k_g[key], k_g[key + 1], q_g[key],
       // q_g[key + 1]) with g = lane / 4, key = 8 j + 2 (lane % 4); zero rows for masked or
       // padding tokens. K fragments: float2 f = (k_2c[8 j + g], k_2c+1[8 j + g]), c = lane % 4.
-      for (int f = tid - 32; f >= 0 && f < KT * 32; f += NTHREADS - 32) {  // warps 1 ..
+      // Warps 1 .. take fragment f = tid - 32 + i (NTHREADS - 32) (a fixed trip count: no
+      // division by the warps, nothing kept across the item loop).
+      constexpr int FW = NTHREADS - 32, FITER = (KT * 32 + FW - 1) / FW;
+#pragma unroll 4
+      for (int i = 0; i < FITER; ++i) {
+        const int f = tid - 32 + i * FW;
+        if (warp == 0 || f >= KT * 32) break;
         const int t = (f & 31) >> 2, c = f & 3, key = 8 * (f >> 5) + 2 * c;
-        const float2 kk = raw_pair(raw, (8 + t) * DK + key, DT);
-        const float2 qq = raw_pair(raw, t * DK + key, DT);
+        const float2 kk = raw_pair(raw, (8 + t) * RQ + key, DT);
+        const float2 qq = raw_pair(raw, t * RQ + key, DT);
         const bool live_t = t < cnt && ms[t] != 0.f;
         const float4 x =
             live_t ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -424,8 +438,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         Xh[f] = h;
         if constexpr (!EXACT) Xl[f] = sub4(x, h);
         const int key2 = 8 * (f >> 5) + t, s0 = 2 * c, s1 = s0 + 1;
-        const float y0 = raw_at(raw, (8 + s0) * DK + key2, DT);
-        const float y1 = raw_at(raw, (8 + s1) * DK + key2, DT);
+        const float y0 = raw_at(raw, (8 + s0) * RQ + key2, DT);
+        const float y1 = raw_at(raw, (8 + s1) * RQ + key2, DT);
         const float2 y =
             make_float2(s0 < cnt && ms[s0] != 0.f ? y0 : 0.f, s1 < cnt && ms[s1] != 0.f ? y1 : 0.f);
         const float2 yh = EXACT ? y : make_float2(tf32_hi(y.x), tf32_hi(y.y));
@@ -471,9 +485,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       const int s0 = 2 * lc, s1 = s0 + 1, c0 = 16 * warp + lg, c1 = c0 + 8;
       const float be0 = coef[Cf::kBE + s0], be1 = coef[Cf::kBE + s1];
       const float ck0 = coef[Cf::kCK + s0], ck1 = coef[Cf::kCK + s1];
-      const char* vraw = raw + 16 * DK * ES;
+      const char* vraw = raw + Ly::kV0 * ES;
       auto bval = [&](int tok, int col, float be, float ck, float p) {
-        return be != 0.f ? be * raw_at(vraw, tok * CB + col, DT) - ck * p : 0.f;
+        return be != 0.f ? be * raw_at(vraw, tok * Ly::kRV + col, DT) - ck * p : 0.f;
       };
       const float4 bb = make_float4(bval(s0, c0, be0, ck0, pk[0] + pke[0]),
                                     bval(s0, c1, be0, ck0, pk[2] + pke[2]),
@@ -520,9 +534,11 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
         const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
         const bool store = ch + 1 == nch && a.h_out;
-        float* out = store ? a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 +
-                                 s0 * a.hout_s2
-                           : nullptr;
+        // Rows 8 j + 2c and 8 j + 2c + 1 of the key tile j, advanced by 8 rows per tile.
+        float* out0 =
+            store ? a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 + s0 * a.hout_s2
+                  : nullptr;
+        float* out1 = out0 + a.hout_s2;
         const std::int64_t r8 = 8 * a.hout_s2;
 #pragma unroll
         for (int j = 0; j < KT; ++j) {
@@ -539,10 +555,12 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
 #pragma unroll
           for (int r = 0; r < 4; ++r) s[j][r] += e[r];
           if (store) {
-            __stcs(out + j * r8, s[j][0]);
-            __stcs(out + j * r8 + a.hout_s2, s[j][1]);
-            __stcs(out + j * r8 + 8, s[j][2]);
-            __stcs(out + j * r8 + a.hout_s2 + 8, s[j][3]);
+            __stcs(out0, s[j][0]);
+            __stcs(out1, s[j][1]);
+            __stcs(out0 + 8, s[j][2]);
+            __stcs(out1 + 8, s[j][3]);
+            out0 += r8;
+            out1 += r8;
           }
         }
       }
