@@ -67,14 +67,22 @@ static_assert(recurrent_one_loads_normal(6144, 1056, false));
 static_assert(!recurrent_one_loads_normal(4096, 1056, false));
 static_assert(!recurrent_one_loads_normal(8192, 1056, true));
 static_assert(recurrent_one_loads_normal(8192, 528, true));
-// The chunk kernel from T = 8 and B = 32 (1024 heads) on, not at B = 8 (256) or T = 4.
-static_assert(recurrent_chunk_preferred(8, false, 32 * 32, 132));
+// The chunk kernel at T = 8 from B = 2 (64 heads), at T = 16 from B = 4, not at T = 4.
+static_assert(recurrent_chunk_preferred(8, false, 32 * 2, 132));
+static_assert(!recurrent_chunk_preferred(8, false, 32, 132));
+static_assert(recurrent_chunk_preferred(16, false, 32 * 4, 132));
+static_assert(!recurrent_chunk_preferred(16, false, 32 * 2, 132));
 static_assert(recurrent_chunk_preferred(32, false, 32 * 32, 132));
-static_assert(!recurrent_chunk_preferred(8, false, 32 * 8, 132));
 static_assert(!recurrent_chunk_preferred(4, false, 32 * 32, 132));
-// Its items: 128 columns from 2 items per SM (B = 32: 1024 items), else 32.
+// Its items: 128 columns at B = 8, 16, 32, 256 (waves >= 90 % full or >= 4), 64 at B = 2, 6, 12.
+static_assert(recurrent_chunk_columns(32 * 8, 128, 132) == 128);
+static_assert(recurrent_chunk_columns(32 * 16, 128, 132) == 128);
 static_assert(recurrent_chunk_columns(32 * 32, 128, 132) == 128);
-static_assert(recurrent_chunk_columns(32, 128, 132) == 32);
+static_assert(recurrent_chunk_columns(32 * 256, 128, 132) == 128);
+static_assert(recurrent_chunk_columns(32 * 2, 128, 132) == 64);
+static_assert(recurrent_chunk_columns(32 * 6, 128, 132) == 64);
+static_assert(recurrent_chunk_columns(32 * 12, 128, 132) == 64);
+static_assert(recurrent_chunk_columns(32 * 4, 64, 132) == 64);
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)

@@ -74,19 +74,20 @@ constexpr int kChunkRQ = 128 + 8;
 // token buffers follow at kEndExact (16-bit inputs) or kEnd (f32 inputs, with the lo parts).
 template <int W>
 struct ChunkLayout {
-  static constexpr int kDK = 128;              // keys
-  static constexpr int kCB = 16 * W;           // value columns of an item
-  static constexpr int kSS = kCB + 4;          // staging row stride: conflict-free fragments
-  static constexpr int kSt = 0;                // [DK][SS] the next item's state, staged
-  static constexpr int kXh = kSt + kDK * kSS;  // [DK / 8][32] float4 X fragments, tf32 hi
-  static constexpr int kKh = kXh + 16 * kDK;   // [DK / 8][32] float2 K fragments, tf32 hi
-  static constexpr int kG = kKh + 8 * kDK;     // [8] a = exp(g)
-  static constexpr int kB = kG + 8;            // [8] beta
-  static constexpr int kM = kB + 8;            // [8] mask (1 = step)
-  static constexpr int kGram = kM + 8;         // [16][16] X X^T (warp 0's scratch)
-  static constexpr int kL = kGram + 256;       // [8][8] L (warp 0's scratch)
-  static constexpr int kTi = kL + 64;          // [8][8] Ti = (I + L)^-1 (warp 0's scratch)
-  static constexpr int kCoef = kTi + 64;       // [ChunkCoef::kSize] the coefficients
+  static constexpr int kDK = 128;               // keys
+  static constexpr int kCB = 16 * W;            // value columns of an item
+  static constexpr int kSS = kCB + 4;           // staging row stride: conflict-free fragments
+  static constexpr int kSt = 0;                 // [DK][SS] the next item's state, staged
+  static constexpr int kXh = kSt + kDK * kSS;   // [DK / 8][32] float4 X fragments, tf32 hi
+  static constexpr int kKh = kXh + 16 * kDK;    // [DK / 8][32] float2 K fragments, tf32 hi
+  static constexpr int kG = kKh + 8 * kDK;      // [8] a = exp(g)
+  static constexpr int kB = kG + 8;             // [8] beta
+  static constexpr int kM = kB + 8;             // [8] mask (1 = step)
+  static constexpr int kGW = W < 4 ? W : 4;     // warps forming a partial Gram each
+  static constexpr int kGram = kM + 8;          // [kGW][16][16] partials of X X^T
+  static constexpr int kL = kGram + 256 * kGW;  // [8][8] L (warp 0's scratch)
+  static constexpr int kTi = kL + 64;           // [8][8] Ti = (I + L)^-1 (warp 0's scratch)
+  static constexpr int kCoef = kTi + 64;        // [ChunkCoef::kSize] the coefficients
   static constexpr int kBar = kCoef + ChunkCoef::kSize;  // [2] u64 mbarriers, token buffers
   static constexpr int kSrc = kBar + 4;       // pointer: the next item's state rows or null
   static constexpr int kXl = kSrc + 4;        // X fragments, tf32 lo (f32 inputs only)
@@ -218,30 +219,27 @@ __device__ __forceinline__ const float* state_rows(const RecurrentArgs& a, const
   return a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * cb;
 }
 
-// Warp 0: the coefficients of a chunk of cnt tokens (raw tokens in `raw`, its a, beta, mask in
-// gs, bs, ms) into `coef` (ChunkCoef): the Gram X X^T on the tensor cores (16 x 16, X
-// = [k_0..7; q_0..7] raw, zero rows for masked or padding tokens; lane (g, c) holds X's A fragment
-// (x.x, x.z, x.y, x.w) and X^T's B fragments (x.x, x.y) (k columns), (x.z, x.w) (q columns) of
-// x = (k_g[key], k_g[key + 1], q_g[key], q_g[key + 1]), key = 8 j + 2 c; two independent
-// accumulations), then per lane (t = g, r = 2c, 2c + 1) the entries (t, r) of L and Mo (its B
-// fragment of Mo^T), the row factors, Ti = (I + L)^-1 and its B fragments.
-template <int DT>
-__device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const char* raw, int cnt,
-                                                   const float* gs, const float* bs,
-                                                   const float* ms, float* Gr, float* Lc, float* Ti,
-                                                   float* coef, int lane) {
-  constexpr int DK = 128, KT = DK / 8, RQ = kChunkRQ;
+// Warp p of G: the partial Gram X X^T (16 x 16, X = [k_0..7; q_0..7] raw, zero rows for masked
+// or padding tokens) over key tiles [p KT / G, (p + 1) KT / G) on the tensor cores, into Gp:
+// lane (g, c) holds X's A fragment (x.x, x.z, x.y, x.w) and X^T's B fragments (x.x, x.y) (k
+// columns), (x.z, x.w) (q columns) of x = (k_g[key], k_g[key + 1], q_g[key], q_g[key + 1]),
+// key = 8 j + 2 c; two independent accumulations.
+template <int DT, int G>
+__device__ __forceinline__ void chunk_gram_part(const char* raw, int cnt, const float* ms,
+                                                float* Gp, int p, int lane) {
+  constexpr int DK = 128, KT = DK / 8, RQ = kChunkRQ, JP = KT / G;
   constexpr bool EXACT = DT != kF32;
+  static_assert(KT % G == 0);
   const int lg = lane >> 2, lc = lane & 3;
   const bool live_g = lg < cnt && ms[lg] != 0.f;
   float gk[2][4], gq[2][4];
 #pragma unroll
-  for (int p = 0; p < 2; ++p)
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) gk[p][r] = gq[p][r] = 0.f;
+    for (int r = 0; r < 4; ++r) gk[h][r] = gq[h][r] = 0.f;
 #pragma unroll
-  for (int j = 0; j < KT; ++j) {
-    const int key = 8 * j + 2 * lc;
+  for (int jj = 0; jj < JP; ++jj) {
+    const int key = 8 * (p * JP + jj) + 2 * lc;
     const float2 kk = raw_pair(raw, (8 + lg) * RQ + key, DT);
     const float2 qq = raw_pair(raw, lg * RQ + key, DT);
     const float4 x = live_g ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -250,23 +248,47 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, const
     if constexpr (!EXACT) {
       const float4 l = sub4(x, h);
       const float4 al = make_float4(l.x, l.z, l.y, l.w);
-      mma_tf32(gk[j & 1], al, h.x, h.y);
-      mma_tf32(gk[j & 1], ah, l.x, l.y);
-      mma_tf32(gq[j & 1], al, h.z, h.w);
-      mma_tf32(gq[j & 1], ah, l.z, l.w);
+      mma_tf32(gk[jj & 1], al, h.x, h.y);
+      mma_tf32(gk[jj & 1], ah, l.x, l.y);
+      mma_tf32(gq[jj & 1], al, h.z, h.w);
+      mma_tf32(gq[jj & 1], ah, l.z, l.w);
     }
-    mma_tf32(gk[j & 1], ah, h.x, h.y);
-    mma_tf32(gq[j & 1], ah, h.z, h.w);
+    mma_tf32(gk[jj & 1], ah, h.x, h.y);
+    mma_tf32(gq[jj & 1], ah, h.z, h.w);
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     gk[0][r] += gk[1][r];
     gq[0][r] += gq[1][r];
   }
-  *reinterpret_cast<float2*>(Gr + lg * 16 + 2 * lc) = make_float2(gk[0][0], gk[0][1]);
-  *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 2 * lc) = make_float2(gk[0][2], gk[0][3]);
-  *reinterpret_cast<float2*>(Gr + lg * 16 + 8 + 2 * lc) = make_float2(gq[0][0], gq[0][1]);
-  *reinterpret_cast<float2*>(Gr + (lg + 8) * 16 + 8 + 2 * lc) = make_float2(gq[0][2], gq[0][3]);
+  *reinterpret_cast<float2*>(Gp + lg * 16 + 2 * lc) = make_float2(gk[0][0], gk[0][1]);
+  *reinterpret_cast<float2*>(Gp + (lg + 8) * 16 + 2 * lc) = make_float2(gk[0][2], gk[0][3]);
+  *reinterpret_cast<float2*>(Gp + lg * 16 + 8 + 2 * lc) = make_float2(gq[0][0], gq[0][1]);
+  *reinterpret_cast<float2*>(Gp + (lg + 8) * 16 + 8 + 2 * lc) = make_float2(gq[0][2], gq[0][3]);
+}
+
+// Warp 0, once the G partial Grams are in Gr [G][16][16] (its own and, after named barrier 1,
+// the other warps'): their sum into Gr[0], then per lane (t = g, r = 2c, 2c + 1) the entries
+// (t, r) of L and Mo (its B fragment of Mo^T), the row factors, Ti = (I + L)^-1 and its B
+// fragments, into `coef` (ChunkCoef).
+template <int G>
+__device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int cnt, const float* gs,
+                                                   const float* bs, const float* ms, float* Gr,
+                                                   float* Lc, float* Ti, float* coef, int lane) {
+  const int lg = lane >> 2, lc = lane & 3;
+  const bool live_g = lg < cnt && ms[lg] != 0.f;
+  if constexpr (G > 1) {
+    float4* g4 = reinterpret_cast<float4*>(Gr);
+    float4 x0 = g4[2 * lane], x1 = g4[2 * lane + 1];
+#pragma unroll
+    for (int p = 1; p < G; ++p) {
+      const float4 y0 = g4[64 * p + 2 * lane], y1 = g4[64 * p + 2 * lane + 1];
+      x0 = make_float4(x0.x + y0.x, x0.y + y0.y, x0.z + y0.z, x0.w + y0.w);
+      x1 = make_float4(x1.x + y1.x, x1.y + y1.y, x1.z + y1.z, x1.w + y1.w);
+    }
+    g4[2 * lane] = x0;
+    g4[2 * lane + 1] = x1;
+  }
   __syncwarp();
   const bool l2 = a.qk_l2norm;
   const int t = lg, r0 = 2 * lc, r1 = r0 + 1;
@@ -403,10 +425,20 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       xs = issue_tokens<CB>(a, nit, next_ch, next_live, tok0 + (buf ^ 1) * tok_bytes,
                             &bars[buf ^ 1], lane);
     }
-    // Warp 0: the chunk's coefficients, while the other warps form the fragments.
-    if (live && warp == 0)
-      chunk_coefficients<DT>(a, raw, cnt, gs, bs, ms, sm + Ly::kGram, sm + Ly::kL, sm + Ly::kTi,
-                             coef, lane);
+    // Warps 0 .. GW - 1: a partial Gram each (a quarter of the keys); warp 0 waits for the
+    // others' (named barrier 1) and forms the chunk's coefficients while they go on to the
+    // fragments.
+    constexpr int GW = Ly::kGW;
+    if (live && warp < GW) {
+      chunk_gram_part<DT, GW>(raw, cnt, ms, sm + Ly::kGram + 256 * warp, warp, lane);
+      if (warp == 0) {
+        if constexpr (GW > 1) named_barrier_sync(1, 32 * GW);
+        chunk_coefficients<GW>(a, cnt, gs, bs, ms, sm + Ly::kGram, sm + Ly::kL, sm + Ly::kTi, coef,
+                               lane);
+      } else {
+        named_barrier_arrive(1, 32 * GW);
+      }
+    }
     if (live) {
       if (ch == 0) {  // the state -> registers
         const float* sp = St + (2 * lc) * SS + 16 * warp + lg;

@@ -71,16 +71,22 @@ constexpr int recurrent_one_warps_per_block(std::int64_t heads, std::int64_t dk,
 // The chunk kernel (recurrent_chunk.cuh: state in registers, products on the tensor cores)
 // exists for a k-first fp32 state with Dk = 128 and a scalar gate whose state rows (read and
 // written) are 16-byte aligned; any T, varlen, pools.
-constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t dk,
-                                       bool bf16_state, bool state_rows_aligned) {
+constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t dk, bool bf16_state,
+                                       bool state_rows_aligned) {
   return !v_first && !per_key && dk == 128 && !bf16_state && state_rows_aligned;
 }
 
-// Value columns per item of the chunk kernel: 128 (blocks of 8 warps) while that gives at least
-// two items per SM, else 32 (2 warps), so that small grids reach more SMs. (Items of 64 and 32
-// columns at T = 8, B = 256: 373 and 492 us against 357, bench/NOTES-gpu.md v31.)
+// Value columns per item of the chunk kernel: 128 (blocks of 8 warps, 2 per SM) where those items
+// fill their waves (at least 4 waves, or the waves at least 90 % full), else 64 (4 warps, 4 per
+// SM). Measured on the H200 (bench/NOTES-gpu.md, v32; Hv = 32, Dk = Dv = 128, T = 8, us for
+// 128 | 64 | 32 columns): B = 2 9.26 | 8.63 | 9.22, B = 4 11.04 | 10.67 | 11.01, B = 6 14.10 |
+// 13.07 | 19.96, B = 8 16.39 | 19.73 | 21.88, B = 12 25.36 | 23.70 | 31.34, B = 16 28.74 |
+// 31.52 | 40.52; B = 256 (v31) 357 | 373 | 492. Items of 32 columns are never faster.
 constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int sm_count) {
-  return dv % 128 == 0 && heads * (dv / 128) >= 2 * static_cast<std::int64_t>(sm_count) ? 128 : 32;
+  if (dv % 128 != 0) return 64;
+  const std::int64_t items = heads * (dv / 128), slots = 2 * static_cast<std::int64_t>(sm_count);
+  const std::int64_t waves = (items + slots - 1) / slots;
+  return items >= 4 * slots || 10 * items >= 9 * waves * slots ? 128 : 64;
 }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
@@ -88,16 +94,18 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
 void set_recurrent_chunk_columns_override(int columns);
 
 // Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on
-// the H200 (bench/NOTES-gpu.md, v31; Hv = 32, Dk = Dv = 128, bf16 inputs, us staged | chunk, same
-// process): T = 8: B = 8 18.8 | 21.6, B = 32 65.9 | 53.3, B = 128 222.0 | 181.6, B = 256 426.0 |
-// 351.6; T = 16: B = 8 27.9 | 33.8, B = 32 100.1 | 74.6, B = 256 684.1 | 488.8. A further chunk of
-// 8 tokens costs the chunk kernel less than the staged one (T = 8 -> 16 at B = 256: +137 against
-// +258 us), so longer sequences take it too (forward only beyond 16: not timed there); below 4
-// heads per SM (B = 8: 256 heads) the staged kernel wins. Rule: from 8 tokens per sequence (no
-// varlen) and 4 heads per SM.
+// the H200 (bench/NOTES-gpu.md, v32; Hv = 32, Dk = Dv = 128, bf16 inputs, us best staged tile |
+// chunk with the column rule, same process): T = 8: B = 1 7.0 | 7.9, B = 2 9.1 | 8.4, B = 4 12.5 |
+// 10.4, B = 8 18.8 | 16.4, B = 32 66.1 | 49.2, B = 256 427 | 332; T = 16: B = 1 10.5 | 13.6,
+// B = 2 13.4 | 14.2, B = 4 18.1 | 16.4, B = 8 27.8 | 21.4, B = 32 100 | 68.8, B = 256 687 | 450.
+// With many heads a further chunk of 8 tokens costs the chunk kernel less than the staged one
+// (T = 8 -> 16 at B = 256: +118 against +260 us); with few, more (B = 2: +5.9 against +4.3), so
+// the heads it needs grow with T: T = 8 from 2 sequences (64 heads), T = 16 from 4 (forward only
+// beyond 16: not timed there). Rule: from 8 tokens per sequence (no varlen) and
+// 24 heads >= T x SMs.
 constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::int64_t heads,
                                          int sm_count) {
-  return !varlen && tokens >= 8 && heads >= 4 * static_cast<std::int64_t>(sm_count);
+  return !varlen && tokens >= 8 && 24 * heads >= tokens * static_cast<std::int64_t>(sm_count);
 }
 
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).

@@ -49,12 +49,12 @@ class OverrideScope {
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
 // scalar gate, fp32 state with aligned rows), 5 and 6 = the chunk kernel with items of 128 and
-// 64 columns.
+// 32 columns.
 class PathScope {
  public:
   explicit PathScope(int path) {
     cuda::set_recurrent_path_override(path >= 5 ? 4 : path);
-    cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 64 : 0));
+    cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
   }
   ~PathScope() {
     cuda::set_recurrent_path_override(0);
@@ -69,8 +69,8 @@ using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 // The one-token kernel's state loads: 1 = evict-first, 2 = the default cache policy.
 using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
-// The chunk kernel's items: 4 = the rule's columns (32 at the tests' grid sizes), 5 = 128
-// columns where Dv % 128 == 0, 6 = 64 columns (path 4 with the column override).
+// The chunk kernel's items: 4 = the rule's columns (64 at the tests' grid sizes), 5 = 128
+// columns where Dv % 128 == 0, 6 = 32 columns (path 4 with the column override).
 constexpr int kPaths[] = {1, 2, 3, 4, 5, 6};
 const char* path_name(int path) {
   switch (path) {
