@@ -182,6 +182,34 @@ std::vector<NamedCase> verify_cases() {
         c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
       },
       true);
+  // Shapes that the rules (src/cuda/tuning.h) give the chunk kernel on a GPU of up to 192 SMs
+  // (k-first fp32 state, Dk = 128, scalar gate, 24 heads >= T x SMs): the CUDA forward and decode
+  // rows of these two cases run it.
+  add(
+      "decode T8 Dk128 Hv32 mask gqa",
+      [](Case& c) {
+        c.T = 8;
+        c.B = 3;
+        c.Hk = 16;
+        c.Hv = 32;
+        c.Dk = 128;
+        c.Dv = 128;
+        c.mask = true;
+      },
+      true);
+  add(
+      "decode T16 Dk128 Hv32 fused bf16",
+      [](Case& c) {
+        c.T = 16;
+        c.B = 4;
+        c.Hk = 16;
+        c.Hv = 32;
+        c.Dk = 128;
+        c.Dv = 128;
+        c.dtype = DType::bf16;
+        c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
+      },
+      true);
   add(
       "decode T1 bf16 pool",
       [](Case& c) {
