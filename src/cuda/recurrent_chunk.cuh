@@ -35,10 +35,11 @@
 //
 // Pipeline per chunk: wait for the chunk's token copies (an mbarrier per raw token buffer) and
 // state copy (cp.async); block barrier; the last warp issues the next chunk's token copies (the
-// bulk-copy engine, a row per lane) and loads its scalars; warp 0 forms the chunk's Gram X X^T
-// and 8 x 8 coefficients (L, Ti, Mo, the row factors) from the raw tokens while the other warps
-// form the X and K fragments, and (first chunk of an item) every warp loads its state fragments
-// from the staging buffer; block barrier; every thread copies the next item's state rows into
+// bulk-copy engine, a row per lane) and loads its scalars; warps 0 .. 3 form a quarter of the
+// chunk's Gram X X^T each from the raw tokens, then warp 0 sums them (named barrier) and forms
+// the 8 x 8 coefficients (L, Ti, Mo, the row factors) while warps 1 .. form the X and K
+// fragments, and (first chunk of an item) every warp loads its state fragments from the staging
+// buffer; block barrier; every thread copies the next item's state rows into
 // the staging buffer (cp.async 16-byte units, in flight during the whole compute); P^T, the
 // column products, the update (last chunk: each key tile of the state -> the pool as soon as it
 // is updated).
