@@ -100,6 +100,7 @@ struct ChunkLayout {
   static constexpr int kRV = kCB + 8;   // v row stride (elements)
   static constexpr int kV0 = 16 * kRQ;  // first v element
   static constexpr int token_bytes(int es) { return 8 * (2 * kRQ + kRV) * es; }
+  static_assert(kG % 4 == 0 && kM % 4 == 0, "a, mask: float4 loads");
   static constexpr int bytes(bool exact, int es) {
     return 4 * (exact ? kEndExact : kEnd) + 2 * token_bytes(es);
   }
@@ -293,9 +294,15 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int c
   __syncwarp();
   const bool l2 = a.qk_l2norm;
   const int t = lg, r0 = 2 * lc, r1 = r0 + 1;
-  float av[8];  // decays, 1 for a masked or padding token
+  // Decays, 1 for a masked or padding token: all 16 values loaded at once (16-byte aligned
+  // arrays), then selects (no load behind a per-token branch).
+  float av[8], mv[8];
+  *reinterpret_cast<float4*>(av) = reinterpret_cast<const float4*>(gs)[0];
+  *reinterpret_cast<float4*>(av + 4) = reinterpret_cast<const float4*>(gs)[1];
+  *reinterpret_cast<float4*>(mv) = reinterpret_cast<const float4*>(ms)[0];
+  *reinterpret_cast<float4*>(mv + 4) = reinterpret_cast<const float4*>(ms)[1];
 #pragma unroll
-  for (int p = 0; p < 8; ++p) av[p] = p < cnt && ms[p] != 0.f ? gs[p] : 1.f;
+  for (int p = 0; p < 8; ++p) av[p] = p < cnt && mv[p] != 0.f ? av[p] : 1.f;
   const bool live_t = live_g;
   const float be_t = live_t ? bs[t] : 0.f;
   auto rk_of = [&](int i) { return l2 ? 1.f / sqrtf(Gr[i * 17] + a.eps) : 1.f; };
@@ -454,13 +461,14 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       // X fragments: float4 f = (key tile j, lane) = (k_g[key], k_g[key + 1], q_g[key],
       // q_g[key + 1]) with g = lane / 4, key = 8 j + 2 (lane % 4); zero rows for masked or
       // padding tokens. K fragments: float2 f = (k_2c[8 j + g], k_2c+1[8 j + g]), c = lane % 4.
-      // Warps 1 .. take fragment f = tid - 32 + i (NTHREADS - 32) (a fixed trip count: no
-      // division by the warps, nothing kept across the item loop).
-      constexpr int FW = NTHREADS - 32, FITER = (KT * 32 + FW - 1) / FW;
+      // Warps 1 .. FWARPS take fragment f = tid - 32 + i FW (W = 8: not the issuing warp, which has
+      // the token copies; a fixed trip count: no division by the warps kept across the loop).
+      constexpr int FWARPS = W >= 8 ? W - 2 : W - 1;  // W = 8: not the issuing warp either
+      constexpr int FW = 32 * FWARPS, FITER = (KT * 32 + FW - 1) / FW;
 #pragma unroll 4
       for (int i = 0; i < FITER; ++i) {
         const int f = tid - 32 + i * FW;
-        if (warp == 0 || f >= KT * 32) break;
+        if (warp == 0 || warp > FWARPS || f >= KT * 32) break;
         const int t = (f & 31) >> 2, c = f & 3, key = 8 * (f >> 5) + 2 * c;
         const float2 kk = raw_pair(raw, (8 + t) * RQ + key, DT);
         const float2 qq = raw_pair(raw, t * RQ + key, DT);
