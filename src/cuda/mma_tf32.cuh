@@ -7,10 +7,15 @@
 
 namespace gdr::cuda::detail {
 
+// Shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // 16 bytes global -> shared, asynchronous (completion: cp_async_wait_all + a barrier).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -33,11 +38,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], float4 a, float b0, floa
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(__float_as_uint(a.x)), "r"(__float_as_uint(a.y)), "r"(__float_as_uint(a.z)),
         "r"(__float_as_uint(a.w)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
-}
-
-// Shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
 // mbarrier (shared memory, 8 bytes): init with an arrival count; the arrival that also expects

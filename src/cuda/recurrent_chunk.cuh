@@ -157,7 +157,8 @@ template <int CB>
 __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const BlockItem& it,
                                               std::int64_t ch, bool live, char* raw,
                                               std::uint64_t* bar, int lane) {
-  constexpr int DK = 128, RQ = kChunkRQ, RV = CB + 8;
+  using Ly = ChunkLayout<CB / 16>;
+  constexpr int DK = Ly::kDK, RQ = Ly::kRQ, RV = Ly::kRV, V0 = Ly::kV0;
   if (!live) {
     if (lane == 0) mbar_arrive_expect_tx(bar, 0);
     return 0.f;
@@ -176,7 +177,7 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
     if (lane < 3 * cnt) {
       const int kind = lane < cnt ? 0 : (lane < 2 * cnt ? 1 : 2), t = lane - kind * cnt;
       const TokenRows& rows = kind == 0 ? r.q : (kind == 1 ? r.k : r.v);
-      char* dst = raw + (kind < 2 ? (kind * 8 + t) * RQ : 16 * RQ + t * RV) * es;
+      char* dst = raw + (kind < 2 ? (kind * 8 + t) * RQ : V0 + t * RV) * es;
       bulk_copy(dst, rows.at(tb + t), kind < 2 ? qbytes : vbytes, bar);
     }
   } else {
@@ -190,7 +191,7 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
       } else {
         const int e = f - 2 * cnt * DK, t = e / CB, i = e % CB;
         src = r.v.at(tb + t) + i * es;
-        at = 16 * RQ + t * RV + i;
+        at = V0 + t * RV + i;
       }
       if (es == 4)
         reinterpret_cast<float*>(raw)[at] = __ldg(reinterpret_cast<const float*>(src));
