@@ -185,27 +185,25 @@ std::vector<NamedCase> verify_cases() {
   // Shapes that the rules (src/cuda/tuning.h) give the chunk kernel on a GPU of up to 192 SMs
   // (k-first fp32 state, Dk = 128, scalar gate, 24 heads >= T x SMs): the CUDA forward and decode
   // rows of these two cases run it.
+  auto chunk_kernel_shape = [](Case& c, std::int64_t T, std::int64_t B) {
+    c.T = T;
+    c.B = B;
+    c.Hk = 16;
+    c.Hv = 32;
+    c.Dk = 128;
+    c.Dv = 128;
+  };
   add(
       "decode T8 Dk128 Hv32 mask gqa",
-      [](Case& c) {
-        c.T = 8;
-        c.B = 3;
-        c.Hk = 16;
-        c.Hv = 32;
-        c.Dk = 128;
-        c.Dv = 128;
+      [&](Case& c) {
+        chunk_kernel_shape(c, 8, 3);
         c.mask = true;
       },
       true);
   add(
       "decode T16 Dk128 Hv32 fused bf16",
-      [](Case& c) {
-        c.T = 16;
-        c.B = 4;
-        c.Hk = 16;
-        c.Hv = 32;
-        c.Dk = 128;
-        c.Dv = 128;
+      [&](Case& c) {
+        chunk_kernel_shape(c, 16, 4);
         c.dtype = DType::bf16;
         c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
       },
