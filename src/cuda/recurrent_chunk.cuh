@@ -22,9 +22,12 @@
 // Work: an item is CB = 16 W value columns of one (sequence, value head) with all Dk keys; a
 // block of W warps takes items blockIdx.x, + gridDim.x, ... (grid: the resident blocks). Warp w
 // holds S^T of its 16 columns (M) x 128 keys (N) as the C fragments of 16 mma tiles, 64 floats
-// per thread: thread (g = lane / 4, c = lane % 4) holds columns 16 w + g (+ 8), keys 8 j + 2 c
-// (+ 1) of tile j. Per chunk, all on mma.sync m16n8k8 (tf32, 3xTF32 where an operand is not
-// exact in tf32; raw 16-bit inputs are):
+// per thread: thread (g = lane / 4, c = lane % 4) holds fragment rows g and g + 8, keys 8 j + 2 c
+// (+ 1) of tile j, where fragment row g stands for column 16 w + 2 g and row g + 8 for column
+// 16 w + 2 g + 1 (any order of the columns serves the math; this one puts a thread's two columns
+// side by side, so each key row of the state leaves it as one 8-byte store: half the store
+// instructions of columns g and g + 8, bench/NOTES-gpu.md v33). Per chunk, all on mma.sync
+// m16n8k8 (tf32, 3xTF32 where an operand is not exact in tf32; raw 16-bit inputs are):
 //  - P^T = S0^T [K; Q]^T (M = columns, N = 8 k + 8 q tokens, K = keys): the state's C
 //    fragments are its A fragments when the K index c (c + 4) stands for key 2 c (2 c + 1), so
 //    the B fragments of X = [K; Q] hold each token's keys in that order (X fragments below);
@@ -35,14 +38,16 @@
 //
 // Pipeline per chunk: wait for the chunk's token copies (an mbarrier per raw token buffer) and
 // state copy (cp.async); block barrier; the last warp issues the next chunk's token copies (the
-// bulk-copy engine, a row per lane) and loads its scalars; warps 0 .. 3 form a quarter of the
-// chunk's Gram X X^T each from the raw tokens, then warp 0 sums them (named barrier) and forms
-// the 8 x 8 coefficients (L, Ti, Mo, the row factors) while warps 1 .. form the X and K
+// bulk-copy engine, a row per lane), asks the L2 for the next item's state (last chunk of an
+// item whose rows are contiguous: one bulk prefetch, so that the DRAM works on it during this
+// phase, before the staging buffer is free) and loads its scalars; warps 0 .. 3 form a quarter
+// of the chunk's Gram X X^T each from the raw tokens, then warp 0 sums them (named barrier) and
+// forms the 8 x 8 coefficients (L, Ti, Mo, the row factors) while warps 1 .. form the X and K
 // fragments, and (first chunk of an item) every warp loads its state fragments from the staging
-// buffer; block barrier; every thread copies the next item's state rows into
-// the staging buffer (cp.async 16-byte units, in flight during the whole compute); P^T, the
-// column products, the update (last chunk: each key tile of the state -> the pool as soon as it
-// is updated).
+// buffer; block barrier; every thread copies the next item's state rows into the staging buffer
+// (cp.async 16-byte units, from the L2 when prefetched; in flight during the whole compute);
+// P^T, the column products, the update (last chunk: each key tile of the state -> the pool as
+// soon as it is updated).
 // Decode in place: an item reads its whole slice before it writes; items share no columns.
 #pragma once
 
@@ -431,6 +436,11 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       const bool next_live = live_of(nit);
       if (lane == 0)
         *next_src = next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
+      // The next item's state -> L2 (its copy into the staging buffer starts a phase later):
+      // only an item whose rows are contiguous (Dv = CB, no row padding), where it is one
+      // instruction; a row per prefetch measured slower (bench/NOTES-gpu.md v33).
+      if (next_ch == 0 && next_live && a.h_in && a.hin_s2 == CB && lane == 0)
+        prefetch_l2(state_rows(a, nit, CB), DK * CB * sizeof(float));
       xs = issue_tokens<CB>(a, nit, next_ch, next_live, tok0 + (buf ^ 1) * tok_bytes,
                             &bars[buf ^ 1], lane);
     }
@@ -450,13 +460,15 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     }
     if (live) {
       if (ch == 0) {  // the state -> registers
-        const float* sp = St + (2 * lc) * SS + 16 * warp + lg;
+        // Keys 8 j + 2c (+ 1), columns 16 w + 2g (+ 1). (Scalar loads: the 8-byte pair would
+        // need register pairs, which spilled.)
+        const float* sp = St + (2 * lc) * SS + 16 * warp + 2 * lg;
 #pragma unroll
         for (int j = 0; j < KT; ++j) {
           s[j][0] = a.h_in ? sp[8 * j * SS] : 0.f;
           s[j][1] = a.h_in ? sp[(8 * j + 1) * SS] : 0.f;
-          s[j][2] = a.h_in ? sp[8 * j * SS + 8] : 0.f;
-          s[j][3] = a.h_in ? sp[(8 * j + 1) * SS + 8] : 0.f;
+          s[j][2] = a.h_in ? sp[8 * j * SS + 1] : 0.f;
+          s[j][3] = a.h_in ? sp[(8 * j + 1) * SS + 1] : 0.f;
         }
       }
       // X fragments: float4 f = (key tile j, lane) = (k_g[key], k_g[key + 1], q_g[key],
@@ -522,9 +534,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
           mma_tf32(pqe, ah, l.z, l.w);
         }
       }
-      // Column phase, C fragment order: (column g, token 2c), (g, 2c + 1), (g + 8, 2c),
-      // (g + 8, 2c + 1), columns of the item 16 w + g (+ 8).
-      const int s0 = 2 * lc, s1 = s0 + 1, c0 = 16 * warp + lg, c1 = c0 + 8;
+      // Column phase, C fragment order: (row g, token 2c), (g, 2c + 1), (g + 8, 2c),
+      // (g + 8, 2c + 1); fragment rows g and g + 8 are the item's columns 16 w + 2g and + 1.
+      const int s0 = 2 * lc, s1 = s0 + 1, c0 = 16 * warp + 2 * lg, c1 = c0 + 1;
       const float be0 = coef[Cf::kBE + s0], be1 = coef[Cf::kBE + s1];
       const float ck0 = coef[Cf::kCK + s0], ck1 = coef[Cf::kCK + s1];
       const char* vraw = raw + Ly::kV0 * ES;
@@ -569,8 +581,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         }
       }
       // S^T = gamma S^T + (U diag(cU))^T K; the item's last chunk stores each key tile of the
-      // state to the pool as soon as it is updated (column 16 w + g (+ 8), key 8 j + 2c (+ 1)):
-      // the stores spread over the update's products instead of queueing behind them.
+      // state to the pool as soon as it is updated (keys 8 j + 2c and + 1, each a pair of
+      // columns 16 w + 2g, + 1): the stores spread over the update's products instead of
+      // queueing behind them.
       {
         const float cu0 = coef[Cf::kCU + s0], cu1 = coef[Cf::kCU + s1], gl = coef[Cf::kGamma];
         const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
@@ -580,7 +593,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         float* out0 =
             store ? a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 + s0 * a.hout_s2
                   : nullptr;
-        float* out1 = out0 + a.hout_s2;
+        float* out1 = store ? out0 + a.hout_s2 : nullptr;
         const std::int64_t r8 = 8 * a.hout_s2;
 #pragma unroll
         for (int j = 0; j < KT; ++j) {
@@ -597,10 +610,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
 #pragma unroll
           for (int r = 0; r < 4; ++r) s[j][r] += e[r];
           if (store) {
-            __stcs(out0, s[j][0]);
-            __stcs(out1, s[j][1]);
-            __stcs(out0 + 8, s[j][2]);
-            __stcs(out1 + 8, s[j][3]);
+            __stcs(reinterpret_cast<float2*>(out0), make_float2(s[j][0], s[j][2]));
+            __stcs(reinterpret_cast<float2*>(out1), make_float2(s[j][1], s[j][3]));
             out0 += r8;
             out1 += r8;
           }
