@@ -39,7 +39,7 @@
 // Pipeline per chunk: wait for the chunk's token copies (an mbarrier per raw token buffer) and
 // state copy (cp.async); block barrier; the last warp issues the next chunk's token copies (the
 // bulk-copy engine, a row per lane), asks the L2 for the next item's state (last chunk of an
-// item whose rows are contiguous: one bulk prefetch, so that the DRAM works on it during this
+// item whose rows are contiguous: 16 bulk prefetches, so that the DRAM works on it during this
 // phase, before the staging buffer is free) and loads its scalars; warps 0 .. 3 form a quarter
 // of the chunk's Gram X X^T each from the raw tokens, then warp 0 sums them (named barrier) and
 // forms the 8 x 8 coefficients (L, Ti, Mo, the row factors) while warps 1 .. form the X and K
@@ -437,10 +437,14 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       if (lane == 0)
         *next_src = next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
       // The next item's state -> L2 (its copy into the staging buffer starts a phase later):
-      // only an item whose rows are contiguous (Dv = CB, no row padding), where it is one
-      // instruction; a row per prefetch measured slower (bench/NOTES-gpu.md v33).
-      if (next_ch == 0 && next_live && a.h_in && a.hin_s2 == CB && lane == 0)
-        prefetch_l2(state_rows(a, nit, CB), DK * CB * sizeof(float));
+      // only an item whose rows are contiguous (Dv = CB, no row padding), as 16 bulk prefetches
+      // of a 16th each (lanes 0 .. 15). Measured on the H200 (bench/NOTES-gpu.md v33, T = 8,
+      // B = 256, us): pieces of 1 / 4 / 16 / 32 / 64 / 128 311 / 311 / 306-309 / 305-307 / 313 /
+      // 345; a row per prefetch (rows not contiguous, 64-column items) was slower than none.
+      constexpr int kParts = 16;
+      if (next_ch == 0 && next_live && a.h_in && a.hin_s2 == CB && lane < kParts)
+        prefetch_l2(state_rows(a, nit, CB) + lane * (DK * CB / kParts),
+                    DK * CB * sizeof(float) / kParts);
       xs = issue_tokens<CB>(a, nit, next_ch, next_live, tok0 + (buf ^ 1) * tok_bytes,
                             &bars[buf ^ 1], lane);
     }
