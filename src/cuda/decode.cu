@@ -38,13 +38,14 @@ std::atomic<int> g_load_override{0};
 std::atomic<int> g_chunk_columns_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
-static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);       // B = 1
-static_assert(recurrent_warps_per_block(32 * 8, 1, 128, 128, false, 132) == 4);   // B = 8
-static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);   // B = 8, T = 8
-static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);  // B = 32, T = 8
-static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);         // B = 8
-static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);        // B = 32
-static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);       // B = 128
+static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);        // B = 1
+static_assert(recurrent_warps_per_block(32 * 8, 1, 128, 128, false, 132) == 4);    // B = 8
+static_assert(recurrent_warps_per_block(32, 2, 128, 128, false, 132, true) == 4);  // B = 1, T = 2
+static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);    // B = 8, T = 8
+static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);   // B = 32, T = 8
+static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);          // B = 8
+static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);         // B = 32
+static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);        // B = 128
 // The narrow tile below two warps per SM: B = 1 (256 warps) yes, B = 2 (512) no.
 static_assert(recurrent_narrow_applies(32, 128, 128, false, 132));
 static_assert(!recurrent_narrow_applies(32 * 2, 128, 128, false, 132));

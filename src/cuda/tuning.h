@@ -31,13 +31,15 @@ constexpr bool recurrent_narrow_applies(std::int64_t heads, std::int64_t dk, std
 // reach more SMs. Measured on the H200 (bench/NOTES-gpu.md, sweeps of 1/2/4/8 warps, Hv = 32,
 // Dk = Dv = 128, B = 1..256): T = 1: 4 warps best from B = 32 on, all within 2 % at B = 8,
 // 1 warp best at B = 1 (4.7 us vs 5.1 us with 4); T = 8: 8 warps best from B = 32 on, 4 warps
-// best at B = 1 and 8. Rule: 8 warps from T = 4 tokens, else 4; one step down (to 4 or to 1)
+// best at B = 1 and 8; T = 2 and 3 (v33, us for 1 | 4 warps, the tile the rules pick): B = 1
+// 4.98 | 4.40 and 5.54 | 4.83, B = 2 6.06 | 6.05 and 6.81 | 6.40, B = 4 8.49 | 8.43 and
+// 9.39 | 9.01. Rule: 8 warps from T = 4 tokens, else 4; one step down (to 4, or at T = 1 to 1)
 // while that would leave fewer than two blocks per SM; never more than Dv / CW.
 constexpr int recurrent_warps_per_block(std::int64_t heads, std::int64_t tokens, std::int64_t dk,
                                         std::int64_t dv, bool v_first, int sm_count,
                                         bool narrow = false) {
   const std::int64_t warps_per_head = dv / recurrent_columns_per_warp(dk, v_first, narrow);
-  const std::int64_t big = tokens >= 4 ? 8 : 4, small = tokens >= 4 ? 4 : 1;
+  const std::int64_t big = tokens >= 4 ? 8 : 4, small = tokens >= 2 ? 4 : 1;
   std::int64_t w = heads * (warps_per_head / (big < warps_per_head ? big : warps_per_head)) >=
                            2 * static_cast<std::int64_t>(sm_count)
                        ? big
