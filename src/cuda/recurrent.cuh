@@ -167,6 +167,13 @@ __device__ __forceinline__ void store4(float* p, float4 x, bool vec) {
   }
 }
 
+// Two 16-bit values (bf16 or f16 `dtype`) packed in one 32-bit word, low half first, as floats.
+__device__ __forceinline__ float2 pair_to_float2(std::uint32_t w, int dtype) {
+  if (dtype == kBF16)
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+
 // Converts a 16-byte unit of `dtype` values (8 for 16-bit types, 4 for f32) to floats.
 __device__ __forceinline__ int unit_to_float(uint4 u, int dtype, float* x) {
   const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -175,20 +182,20 @@ __device__ __forceinline__ int unit_to_float(uint4 u, int dtype, float* x) {
     for (int i = 0; i < 4; ++i) x[i] = __uint_as_float(w[i]);
     return 4;
   }
-  if (dtype == kBF16) {
+  // The type's branch outside the loop: a literal type in each (the per-word branch had the
+  // staged and one-token kernels compiled differently).
+  auto pairs = [&](int type) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      x[2 * i] = __uint_as_float(w[i] << 16);
-      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      const float2 f = pair_to_float2(w[i], type);
+      x[2 * i] = f.x;
+      x[2 * i + 1] = f.y;
     }
-    return 8;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-    x[2 * i] = f.x;
-    x[2 * i + 1] = f.y;
-  }
+  };
+  if (dtype == kBF16)
+    pairs(kBF16);
+  else
+    pairs(kF16);
   return 8;
 }
 
@@ -246,13 +253,9 @@ __device__ __forceinline__ int dtype_bytes(int dtype) {
   return dtype == kF32 ? 4 : 2;
 }
 
+// The `dtype` value at byte address p, as float (read-only load).
 __device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
-  if (dtype == kBF16) {
-    const std::uint32_t bits = __ldg(reinterpret_cast<const unsigned short*>(p));
-    return __uint_as_float(bits << 16);
-  }
-  if (dtype == kF16) return __half2float(__ldg(reinterpret_cast<const __half*>(p)));
-  return __ldg(reinterpret_cast<const float*>(p));
+  return ldg_as_float(p, 0, dtype);
 }
 
 // The work item (n * Hv + hv) * splits + split (fewer than 2^31 items, host): sequence n, its

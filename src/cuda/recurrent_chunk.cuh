@@ -120,12 +120,8 @@ __device__ __forceinline__ float raw_at(const char* raw, int i, int dtype) {
   return *reinterpret_cast<const float*>(raw + 4 * i);
 }
 __device__ __forceinline__ float2 raw_pair(const char* raw, int i, int dtype) {
-  if (dtype == kBF16) {
-    const std::uint32_t bits = *reinterpret_cast<const std::uint32_t*>(raw + 2 * i);
-    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
-  }
-  if (dtype == kF16) return __half22float2(*reinterpret_cast<const __half2*>(raw + 2 * i));
-  return *reinterpret_cast<const float2*>(raw + 4 * i);
+  if (dtype == kF32) return *reinterpret_cast<const float2*>(raw + 4 * i);
+  return pair_to_float2(*reinterpret_cast<const std::uint32_t*>(raw + 2 * i), dtype);
 }
 
 __device__ __forceinline__ float4 tf32_hi4(float4 x) {
