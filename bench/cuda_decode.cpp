@@ -45,7 +45,7 @@ struct Options {
   std::vector<std::int64_t> tokens{1, 8};
   std::int64_t Hk = 16, Hv = 32, Dk = 128, Dv = 128;
   std::string dtype = "bf16";
-  std::string layout = "k_first";  // state layout: k_first ([.., Dk, Dv]) or v_first
+  std::string layout = "k_first";   // state layout: k_first ([.., Dk, Dv]) or v_first
   std::string state_dtype = "f32";  // the pool's dtype: f32 or bf16 (T = 1, k-first)
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
@@ -53,9 +53,10 @@ struct Options {
   int chunk_columns = 0;  // the chunk kernel's block (0: the rule)
   bool paths = false;     // also time (and check) the staged, narrow, one-token and chunk kernels
   int path = 0;  // for the whole run: 0 the rule, 1 staged, 2 one-token, 3 narrow staged, 4 chunk
-  bool prefetch_ab = false;  // also time the launch rule without the next-wave L2 prefetch
+  bool prefetch_ab = false;         // also time the launch rule without the next-wave L2 prefetch
   std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
-  bool load_ab = false;  // also time the one-token kernel's state loads with each cache policy
+  bool load_ab = false;   // also time the one-token kernel's state loads with each cache policy
+  bool first_ab = false;  // also time the chunk kernel's first state wait early and late
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -365,6 +366,8 @@ int main(int argc, char** argv) {
   app.add_flag("--load-ab", opt.load_ab,
                "also time the one-token kernel's state loads evict-first and with the default "
                "cache policy");
+  app.add_flag("--first-ab", opt.first_ab,
+               "also time the chunk kernel's first state wait early and late (each checked)");
   app.add_option("--path", opt.path,
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged, "
                  "4 chunk");
@@ -464,6 +467,17 @@ int main(int argc, char** argv) {
                       evict_first, normal);
           load_policy = {{"evict_first", evict_first}, {"default", normal}};
         }
+        json first_wait = json::object();
+        if (opt.first_ab) {  // the chunk kernel's first state wait: 2 = early, 1 = late
+          for (auto [mode, name] : {std::pair<int, const char*>{2, "early"}, {1, "late"}}) {
+            gdr::cuda::set_recurrent_chunk_first_override(mode);
+            const auto [fo, fs] = check_as_timed(std::string());
+            const double t = time_with(gdr::cuda::set_recurrent_chunk_first_override, mode);
+            first_wait[name] = t;
+            std::printf("             first state wait %-5s %9.2f us%s\n", name, t,
+                        fo < tol && fs < state_tol ? "" : " (FAILED the check)");
+          }
+        }
         for (int mode : opt.prefetch_modes)
           std::printf("             prefetch mode %d %9.2f us\n", mode,
                       time_with(gdr::cuda::set_recurrent_prefetch_override, mode));
@@ -505,6 +519,7 @@ int main(int argc, char** argv) {
              {"paths_err", paths_err},
              {"prefetch_us", prefetch},
              {"load_policy_us", load_policy},
+             {"first_wait_us", first_wait},
              {"state_copy_same_size_us", copy_us},
              {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

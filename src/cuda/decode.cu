@@ -4,8 +4,9 @@
 // the narrow k-first tile at Dk 64 and 128 (4 kernels), plus the one-token kernel
 // (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels) and the
 // chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; items of 32, 64
-// or 128 value columns x three token dtypes, 9 kernels); Dv (64, 128, 256), dtypes (but the chunk
-// kernel's) and the fused options are run-time values (read in the per-chunk staging code only).
+// or 128 value columns x three token dtypes x the first state wait early or late, 18 kernels); Dv
+// (64, 128, 256), dtypes (but the chunk kernel's) and the fused options are run-time values (read
+// in the per-chunk staging code only).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -36,6 +37,7 @@ std::atomic<int> g_path_override{0};
 std::atomic<int> g_prefetch_override{0};
 std::atomic<int> g_load_override{0};
 std::atomic<int> g_chunk_columns_override{0};
+std::atomic<int> g_chunk_first_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);        // B = 1
@@ -84,6 +86,10 @@ static_assert(recurrent_chunk_columns(32 * 2, 128, 132) == 64);
 static_assert(recurrent_chunk_columns(32 * 6, 128, 132) == 64);
 static_assert(recurrent_chunk_columns(32 * 12, 128, 132) == 64);
 static_assert(recurrent_chunk_columns(32 * 4, 64, 132) == 64);
+// The first state wait late up to 8 items per block: T = 8 B = 64 (2048 items on 264 blocks) yes,
+// B = 128 no.
+static_assert(recurrent_chunk_first_late(32 * 64, 264));
+static_assert(!recurrent_chunk_first_late(32 * 128, 264));
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -339,14 +345,30 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const std::int64_t blocks = items < resident ? items : resident;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a);
   };
-  auto by_columns = [&](auto dt) {
-    constexpr int DT = decltype(dt)::value;
-    if (cols == 128)
-      run(detail::recurrent_chunk_kernel<8, DT>, detail::ChunkLayout<8>{});
-    else if (cols == 64)
-      run(detail::recurrent_chunk_kernel<4, DT>, detail::ChunkLayout<4>{});
+  // The first-state wait: by the rule on the grid of the chunk kernel's usual shape (the resident
+  // blocks of both instantiations are the same: same registers and shared memory).
+  auto by_first = [&](auto w, auto dt, auto layout) {
+    constexpr int W = decltype(w)::value, DT = decltype(dt)::value;
+    const void* k = reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, false>);
+    using Ly = decltype(layout);
+    const std::size_t smem = Ly::bytes(x_exact, dtype_size(prob.dtype));
+    allow_shared(k, smem, prob.device_index, op);
+    const std::int64_t resident = resident_blocks(k, 2 * Ly::kCB, smem, prob.device_index, sms, op);
+    const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
+    const bool late =
+        mode == 1 || (mode == 0 && recurrent_chunk_first_late(items, resident > 0 ? resident : 1));
+    if (late)
+      run(detail::recurrent_chunk_kernel<W, DT, true>, layout);
     else
-      run(detail::recurrent_chunk_kernel<2, DT>, detail::ChunkLayout<2>{});
+      run(detail::recurrent_chunk_kernel<W, DT, false>, layout);
+  };
+  auto by_columns = [&](auto dt) {
+    if (cols == 128)
+      by_first(std::integral_constant<int, 8>{}, dt, detail::ChunkLayout<8>{});
+    else if (cols == 64)
+      by_first(std::integral_constant<int, 4>{}, dt, detail::ChunkLayout<4>{});
+    else
+      by_first(std::integral_constant<int, 2>{}, dt, detail::ChunkLayout<2>{});
   };
   if (prob.dtype == DType::bf16)
     by_columns(std::integral_constant<int, detail::kBF16>{});
@@ -449,6 +471,10 @@ void set_recurrent_prefetch_override(int mode) {
 
 void set_recurrent_load_override(int mode) {
   g_load_override.store(mode == 1 || mode == 2 ? mode : 0);
+}
+
+void set_recurrent_chunk_first_override(int mode) {
+  g_chunk_first_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_chunk_columns_override(int columns) {

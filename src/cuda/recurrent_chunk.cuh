@@ -44,7 +44,8 @@
 // of the chunk's Gram X X^T each from the raw tokens, then warp 0 sums them (named barrier) and
 // forms the 8 x 8 coefficients (L, Ti, Mo, the row factors) while warps 1 .. form the X and K
 // fragments, and (first chunk of an item) every warp loads its state fragments from the staging
-// buffer; block barrier; every thread copies the next item's state rows into the staging buffer
+// buffer (a block's first chunk with FIRST_LATE: after the fragments, behind its own wait and
+// barrier); block barrier; every thread copies the next item's state rows into the staging buffer
 // (cp.async 16-byte units, from the L2 when prefetched; in flight during the whole compute);
 // P^T, the column products, the update (last chunk: each key tile of the state -> the pool as
 // soon as it is updated).
@@ -171,7 +172,10 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
   load_scalars<false, 1>(a, r, cnt, tb, &x, lane, 32);
   const int es = dtype_bytes(a.in_dtype);
   const unsigned qbytes = DK * es, vbytes = CB * es;
-  fence_proxy_async();  // this warp's earlier generic stores into the buffer come first
+  // Element path: this warp's earlier generic stores into the buffer come before its later use.
+  // (Bulk copies only ever write the buffers of a call whose rows are aligned: no generic store
+  // to order there, and the fence would wait for the scalar loads above: bench/NOTES-gpu.md v34.)
+  if (!a.vec_tok) fence_proxy_async();
   if (lane == 0) mbar_arrive_expect_tx(bar, a.vec_tok ? cnt * (2 * qbytes + vbytes) : 0u);
   __syncwarp();
   if (a.vec_tok) {
@@ -358,8 +362,13 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int c
 }
 
 // W warps, items of 16 W value columns; Dv % (16 W) == 0 (host). DT: the token dtype (16-bit
-// inputs are exact in tf32: no lo parts of X and K).
-template <int W, int DT>
+// inputs are exact in tf32: no lo parts of X and K). FIRST_LATE (grids of few items per block,
+// tuning.h recurrent_chunk_first_late): the first chunk's tokens are copied before the first
+// item's state, and that item waits for its state after its coefficients and fragments (one more
+// barrier, first chunk only), so that the phase that needs only the tokens runs while every block
+// of the wave waits for its first state; the steady state's code is the same, with 8 bytes of
+// spills more at 128 columns (measured ~1 % slower at 31 items per block, bench/NOTES-gpu.md v34).
+template <int W, int DT, bool FIRST_LATE>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
   using Ly = ChunkLayout<W>;
@@ -406,8 +415,15 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   unsigned parity = 0;
   float xs = 0.f;  // the issuing warp's lane scalar of the chunk in flight
   if (warp == ISSUER) xs = issue_tokens<CB>(a, it, 0, live_of(it), tok0, &bars[0], lane);
+  if constexpr (FIRST_LATE) {  // the token copies go out before the state's
+    if (warp == ISSUER)
+      named_barrier_arrive(2, NTHREADS);
+    else
+      named_barrier_sync(2, NTHREADS);
+  }
   if (live_of(it) && a.h_in) copy_state<CB, NTHREADS>(a, state_rows(a, it, CB), St);
   cp_async_commit();
+  bool first = FIRST_LATE;  // the first chunk, whose state wait comes late
 
   float s[KT][4];  // S^T fragments (see the header)
   for (;;) {
@@ -421,7 +437,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     const bool more = next_item < items;
     mbar_wait(&bars[buf], (parity >> buf) & 1u);
     parity ^= 1u << buf;
-    cp_async_wait_all();
+    if (!first) cp_async_wait_all();
     if (warp == ISSUER && live) chunk_scalar_store(a, cnt, it.hv, xs, lane, gs, bs, ms);
     __syncthreads();  // the chunk's copies and scalars are in; the previous chunk is done (its
                       // token buffer and coefficients are free)
@@ -458,19 +474,20 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         named_barrier_arrive(1, 32 * GW);
       }
     }
-    if (live) {
-      if (ch == 0) {  // the state -> registers
-        // Keys 8 j + 2c (+ 1), columns 16 w + 2g (+ 1). (Scalar loads: the 8-byte pair would
-        // need register pairs, which spilled.)
-        const float* sp = St + (2 * lc) * SS + 16 * warp + 2 * lg;
+    // The item's state: staging buffer -> registers. Keys 8 j + 2c (+ 1), columns 16 w + 2g (+ 1).
+    // (Scalar loads: the 8-byte pair would need register pairs, which spilled.)
+    auto state_to_registers = [&] {
+      const float* sp = St + (2 * lc) * SS + 16 * warp + 2 * lg;
 #pragma unroll
-        for (int j = 0; j < KT; ++j) {
-          s[j][0] = a.h_in ? sp[8 * j * SS] : 0.f;
-          s[j][1] = a.h_in ? sp[(8 * j + 1) * SS] : 0.f;
-          s[j][2] = a.h_in ? sp[8 * j * SS + 1] : 0.f;
-          s[j][3] = a.h_in ? sp[(8 * j + 1) * SS + 1] : 0.f;
-        }
+      for (int j = 0; j < KT; ++j) {
+        s[j][0] = a.h_in ? sp[8 * j * SS] : 0.f;
+        s[j][1] = a.h_in ? sp[(8 * j + 1) * SS] : 0.f;
+        s[j][2] = a.h_in ? sp[8 * j * SS + 1] : 0.f;
+        s[j][3] = a.h_in ? sp[(8 * j + 1) * SS + 1] : 0.f;
       }
+    };
+    if (live) {
+      if (ch == 0 && !first) state_to_registers();
       // X fragments: float4 f = (key tile j, lane) = (k_g[key], k_g[key + 1], q_g[key],
       // q_g[key + 1]) with g = lane / 4, key = 8 j + 2 (lane % 4); zero rows for masked or
       // padding tokens. K fragments: float2 f = (k_2c[8 j + g], k_2c+1[8 j + g]), c = lane % 4.
@@ -500,6 +517,12 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         Kh[f] = yh;
         if constexpr (!EXACT) Kl[f] = make_float2(y.x - yh.x, y.y - yh.y);
       }
+    }
+    if (FIRST_LATE && first) {  // the first item's state, after its coefficients and fragments
+      cp_async_wait_all();
+      __syncthreads();
+      if (live) state_to_registers();
+      first = false;
     }
     __syncthreads();  // state staging drained; fragments, coefficients, next state rows visible
     // The next item's state, in flight during this chunk's compute.

@@ -95,6 +95,22 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
 // (128 only where Dv % 128 == 0); 0 restores the rule.
 void set_recurrent_chunk_columns_override(int columns);
 
+// The chunk kernel's first chunk with its state wait late (recurrent_chunk.cuh, FIRST_LATE): every
+// block of the first wave waits ~8 us for its first state at the H200's bandwidth, and its tokens,
+// copied first, let it form that chunk's coefficients and fragments meanwhile; the instantiation
+// carries 8 bytes more spills at 128 columns, which cost in the steady state. Measured on the H200
+// (bench/NOTES-gpu.md v34; Hv = 32, Dk = Dv = 128, 128-column items, us usual | late, same
+// process): T = 8: B = 8 (1 item per block) 16.2 | 14.6, B = 32 (3.9) 49.5 | 47.9, B = 64 (7.8)
+// 88.3 | 86.9, B = 128 (15.5) 160.9 | 161.3, B = 256 (31) 308 | 311; T = 16: B = 8 20.7 | 19.4,
+// B = 32 66.7 | 64.6. Rule: at most 8 items per block.
+constexpr bool recurrent_chunk_first_late(std::int64_t items, std::int64_t blocks) {
+  return items <= 8 * blocks;
+}
+
+// Tests and benchmarks: the chunk kernel's first state wait 1 = always late, 2 = never; 0 restores
+// the rule.
+void set_recurrent_chunk_first_override(int mode);
+
 // Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on
 // the H200 (bench/NOTES-gpu.md, v32; Hv = 32, Dk = Dv = 128, bf16 inputs, us best staged tile |
 // chunk with the column rule, same process): T = 8: B = 1 7.0 | 7.9, B = 2 9.1 | 8.4, B = 4 12.5 |

@@ -49,16 +49,19 @@ class OverrideScope {
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
 // scalar gate, fp32 state with aligned rows), 5 and 6 = the chunk kernel with items of 128 and
-// 32 columns.
+// 32 columns, 7 = the chunk kernel with the rule's items and its first state wait early (the
+// tests' grids take the late wait by the rule).
 class PathScope {
  public:
   explicit PathScope(int path) {
     cuda::set_recurrent_path_override(path >= 5 ? 4 : path);
     cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
+    cuda::set_recurrent_chunk_first_override(path == 7 ? 2 : 0);
   }
   ~PathScope() {
     cuda::set_recurrent_path_override(0);
     cuda::set_recurrent_chunk_columns_override(0);
+    cuda::set_recurrent_chunk_first_override(0);
   }
   PathScope(const PathScope&) = delete;
   PathScope& operator=(const PathScope&) = delete;
@@ -70,15 +73,17 @@ using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
 // The chunk kernel's items: 4 = the rule's columns (64 at the tests' grid sizes), 5 = 128
-// columns where Dv % 128 == 0, 6 = 32 columns (path 4 with the column override).
-constexpr int kPaths[] = {1, 2, 3, 4, 5, 6};
+// columns where Dv % 128 == 0, 6 = 32 columns (path 4 with the column override); 7 = path 4 with
+// the first state wait early.
+constexpr int kPaths[] = {1, 2, 3, 4, 5, 6, 7};
 const char* path_name(int path) {
   switch (path) {
     case 2: return " [one-token path]";
     case 3: return " [narrow staged path]";
     case 4: return " [chunk path]";
     case 5: return " [chunk path, 128 columns]";
-    case 6: return " [chunk path, 64 columns]";
+    case 6: return " [chunk path, 32 columns]";
+    case 7: return " [chunk path, early first state wait]";
     default: return " [staged path]";
   }
 }
