@@ -86,10 +86,11 @@ static_assert(recurrent_chunk_columns(32 * 2, 128, 132) == 64);
 static_assert(recurrent_chunk_columns(32 * 6, 128, 132) == 64);
 static_assert(recurrent_chunk_columns(32 * 12, 128, 132) == 64);
 static_assert(recurrent_chunk_columns(32 * 4, 64, 132) == 64);
-// The first state wait late up to 8 items per block: T = 8 B = 64 (2048 items on 264 blocks) yes,
-// B = 128 no.
-static_assert(recurrent_chunk_first_late(32 * 64, 264));
-static_assert(!recurrent_chunk_first_late(32 * 128, 264));
+// The first state wait late up to 8 items per block or beyond 8 tokens: T = 8 B = 64 (2048 items
+// on 264 blocks) yes, B = 128 no; T = 16 always.
+static_assert(recurrent_chunk_first_late(32 * 64, 264, 8));
+static_assert(!recurrent_chunk_first_late(32 * 128, 264, 8));
+static_assert(recurrent_chunk_first_late(32 * 256, 264, 16));
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -355,8 +356,8 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     allow_shared(k, smem, prob.device_index, op);
     const std::int64_t resident = resident_blocks(k, 2 * Ly::kCB, smem, prob.device_index, sms, op);
     const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
-    const bool late =
-        mode == 1 || (mode == 0 && recurrent_chunk_first_late(items, resident > 0 ? resident : 1));
+    const bool late = mode == 1 || (mode == 0 && recurrent_chunk_first_late(
+                                                     items, resident > 0 ? resident : 1, a.T));
     if (late)
       run(detail::recurrent_chunk_kernel<W, DT, true>, layout);
     else

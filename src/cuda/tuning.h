@@ -98,13 +98,16 @@ void set_recurrent_chunk_columns_override(int columns);
 // The chunk kernel's first chunk with its state wait late (recurrent_chunk.cuh, FIRST_LATE): every
 // block of the first wave waits ~8 us for its first state at the H200's bandwidth, and its tokens,
 // copied first, let it form that chunk's coefficients and fragments meanwhile; the instantiation
-// carries 8 bytes more spills at 128 columns, which cost in the steady state. Measured on the H200
-// (bench/NOTES-gpu.md v34; Hv = 32, Dk = Dv = 128, 128-column items, us usual | late, same
-// process): T = 8: B = 8 (1 item per block) 16.2 | 14.6, B = 32 (3.9) 49.5 | 47.9, B = 64 (7.8)
-// 88.3 | 86.9, B = 128 (15.5) 160.9 | 161.3, B = 256 (31) 308 | 311; T = 16: B = 8 20.7 | 19.4,
-// B = 32 66.7 | 64.6. Rule: at most 8 items per block.
-constexpr bool recurrent_chunk_first_late(std::int64_t items, std::int64_t blocks) {
-  return items <= 8 * blocks;
+// carries 8 bytes more spills at 128 columns, which cost in the steady state of one-chunk items.
+// Measured on the H200 (bench/NOTES-gpu.md v34; Hv = 32, Dk = Dv = 128, us early | late, same
+// process): T = 8: B = 2 (64-column items) 7.99 | 7.54, B = 6 13.18 | 11.98, B = 8 (1 item per
+// block) 16.15 | 14.73, B = 32 (3.9) 49.04 | 47.86, B = 64 (7.8) 88.08 | 86.91, B = 128 (15.5)
+// 160.83 | 161.30, B = 256 (31) 308.38 | 312.38; T = 16: B = 8 20.78 | 19.52, B = 32 66.67 |
+// 64.94, B = 128 228.72 | 225.76, B = 256 441.49 | 434.70. Rule: at most 8 items per block, or
+// items of more than one chunk (more than 8 tokens).
+constexpr bool recurrent_chunk_first_late(std::int64_t items, std::int64_t blocks,
+                                          std::int64_t tokens) {
+  return items <= 8 * blocks || tokens > 8;
 }
 
 // Tests and benchmarks: the chunk kernel's first state wait 1 = always late, 2 = never; 0 restores
