@@ -446,17 +446,17 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     if (warp == ISSUER && more) {
       const BlockItem nit = next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
       const bool next_live = live_of(nit);
-      if (lane == 0)
-        *next_src = next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
+      const float* next_rows =
+          next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
+      if (lane == 0) *next_src = next_rows;
       // The next item's state -> L2 (its copy into the staging buffer starts a phase later):
       // only an item whose rows are contiguous (Dv = CB, no row padding), as 16 bulk prefetches
       // of a 16th each (lanes 0 .. 15). Measured on the H200 (bench/NOTES-gpu.md v33, T = 8,
-      // B = 256, us): pieces of 1 / 4 / 16 / 32 / 64 / 128 311 / 311 / 306-309 / 305-307 / 313 /
-      // 345; a row per prefetch (rows not contiguous, 64-column items) was slower than none.
+      // B = 256, us, by number of pieces): 1: 311, 4: 311, 16: 306-309, 32: 305-307, 64: 313,
+      // 128: 345; a row per prefetch (rows not contiguous, 64-column items) was slower than none.
       constexpr int kParts = 16;
-      if (next_ch == 0 && next_live && a.h_in && a.hin_s2 == CB && lane < kParts)
-        prefetch_l2(state_rows(a, nit, CB) + lane * (DK * CB / kParts),
-                    DK * CB * sizeof(float) / kParts);
+      if (next_rows && a.hin_s2 == CB && lane < kParts)
+        prefetch_l2(next_rows + lane * (DK * CB / kParts), DK * CB * sizeof(float) / kParts);
       xs = issue_tokens<CB>(a, nit, next_ch, next_live, tok0 + (buf ^ 1) * tok_bytes,
                             &bars[buf ^ 1], lane);
     }
