@@ -38,6 +38,7 @@ std::atomic<int> g_prefetch_override{0};
 std::atomic<int> g_load_override{0};
 std::atomic<int> g_chunk_columns_override{0};
 std::atomic<int> g_chunk_first_override{0};
+std::atomic<int> g_chunk_blocks_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);        // B = 1
@@ -321,6 +322,14 @@ void allow_shared(const void* kernel, std::size_t smem, int device, const char* 
   have = smem;
 }
 
+// The chunk kernel's grid: one block per item up to the resident blocks (or the tests' cap).
+std::int64_t chunk_grid(std::int64_t items, std::int64_t resident) {
+  std::int64_t blocks = items < resident ? items : resident;
+  const int cap = g_chunk_blocks_override.load(std::memory_order_relaxed);
+  if (cap > 0 && cap < blocks) blocks = cap;
+  return blocks > 0 ? blocks : 1;
+}
+
 // The chunk kernel (recurrent_chunk.cuh): persistent blocks of 8, 4 or 2 warps on items of 128,
 // 64 or 32 value columns, as many blocks as are resident.
 void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
@@ -343,8 +352,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     allow_shared(k, smem, prob.device_index, op);
     const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
-    const std::int64_t blocks = items < resident ? items : resident;
-    kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a);
+    kernel<<<static_cast<unsigned>(chunk_grid(items, resident)), threads, smem, stream>>>(a);
   };
   // The first-state wait: by the rule on the grid of the chunk kernel's usual shape (the resident
   // blocks of both instantiations are the same: same registers and shared memory).
@@ -357,7 +365,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const std::int64_t resident = resident_blocks(k, 2 * Ly::kCB, smem, prob.device_index, sms, op);
     const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
     const bool late = mode == 1 || (mode == 0 && recurrent_chunk_first_late(
-                                                     items, resident > 0 ? resident : 1, a.T));
+                                                     items, chunk_grid(items, resident), a.T));
     if (late)
       run(detail::recurrent_chunk_kernel<W, DT, true>, layout);
     else
@@ -472,6 +480,10 @@ void set_recurrent_prefetch_override(int mode) {
 
 void set_recurrent_load_override(int mode) {
   g_load_override.store(mode == 1 || mode == 2 ? mode : 0);
+}
+
+void set_recurrent_chunk_blocks_override(int blocks) {
+  g_chunk_blocks_override.store(blocks > 0 ? blocks : 0);
 }
 
 void set_recurrent_chunk_first_override(int mode) {

@@ -114,6 +114,10 @@ constexpr bool recurrent_chunk_first_late(std::int64_t items, std::int64_t block
 // the rule.
 void set_recurrent_chunk_first_override(int mode);
 
+// Tests: the chunk kernel's grid capped at this many blocks, so that the tests' small problems run
+// several items per block (the persistent loop of large grids); 0 restores the resident blocks.
+void set_recurrent_chunk_blocks_override(int blocks);
+
 // Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on
 // the H200 (bench/NOTES-gpu.md, v32; Hv = 32, Dk = Dv = 128, bf16 inputs, us best staged tile |
 // chunk with the column rule, same process): T = 8: B = 1 7.0 | 7.9, B = 2 9.1 | 8.4, B = 4 12.5 |
