@@ -327,7 +327,7 @@ std::int64_t chunk_grid(std::int64_t items, std::int64_t resident) {
   std::int64_t blocks = items < resident ? items : resident;
   const int cap = g_chunk_blocks_override.load(std::memory_order_relaxed);
   if (cap > 0 && cap < blocks) blocks = cap;
-  return blocks > 0 ? blocks : 1;
+  return blocks;
 }
 
 // The chunk kernel (recurrent_chunk.cuh): persistent blocks of 8, 4 or 2 warps on items of 128,
@@ -344,32 +344,29 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   // 16-bit inputs are exact in tf32: no shared lo parts.
   const bool x_exact = prob.dtype != DType::f32;
   a.prefetch_blocks = a.prefetch_wave = 0;  // the kernel copies its next item itself
-  auto run = [&](auto kernel, auto layout) {
+  // One W and token dtype: the grid from the resident blocks (the same for both first-wait
+  // instantiations: same launch bounds, registers and shared memory), then the first state wait by
+  // the rule on that grid or the override.
+  auto by_first = [&](auto w, auto dt, auto layout) {
+    constexpr int W = decltype(w)::value, DT = decltype(dt)::value;
     using Ly = decltype(layout);
     constexpr int threads = 2 * Ly::kCB;
     const std::size_t smem = Ly::bytes(x_exact, dtype_size(prob.dtype));
-    const void* k = reinterpret_cast<const void*>(kernel);
-    allow_shared(k, smem, prob.device_index, op);
-    const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
+    const void* early = reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, false>);
+    allow_shared(early, smem, prob.device_index, op);
+    const std::int64_t resident = resident_blocks(early, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
-    kernel<<<static_cast<unsigned>(chunk_grid(items, resident)), threads, smem, stream>>>(a);
-  };
-  // The first-state wait: by the rule on the grid of the chunk kernel's usual shape (the resident
-  // blocks of both instantiations are the same: same registers and shared memory).
-  auto by_first = [&](auto w, auto dt, auto layout) {
-    constexpr int W = decltype(w)::value, DT = decltype(dt)::value;
-    const void* k = reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, false>);
-    using Ly = decltype(layout);
-    const std::size_t smem = Ly::bytes(x_exact, dtype_size(prob.dtype));
-    allow_shared(k, smem, prob.device_index, op);
-    const std::int64_t resident = resident_blocks(k, 2 * Ly::kCB, smem, prob.device_index, sms, op);
+    const std::int64_t blocks = chunk_grid(items, resident);
     const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
-    const bool late = mode == 1 || (mode == 0 && recurrent_chunk_first_late(
-                                                     items, chunk_grid(items, resident), a.T));
-    if (late)
-      run(detail::recurrent_chunk_kernel<W, DT, true>, layout);
-    else
-      run(detail::recurrent_chunk_kernel<W, DT, false>, layout);
+    const bool late = mode == 1 || (mode == 0 && recurrent_chunk_first_late(items, blocks, a.T));
+    const dim3 grid(static_cast<unsigned>(blocks));
+    if (late) {
+      allow_shared(reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, true>), smem,
+                   prob.device_index, op);
+      detail::recurrent_chunk_kernel<W, DT, true><<<grid, threads, smem, stream>>>(a);
+    } else {
+      detail::recurrent_chunk_kernel<W, DT, false><<<grid, threads, smem, stream>>>(a);
+    }
   };
   auto by_columns = [&](auto dt) {
     if (cols == 128)

@@ -172,9 +172,10 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
   load_scalars<false, 1>(a, r, cnt, tb, &x, lane, 32);
   const int es = dtype_bytes(a.in_dtype);
   const unsigned qbytes = DK * es, vbytes = CB * es;
-  // Element path: this warp's earlier generic stores into the buffer come before its later use.
-  // (Bulk copies only ever write the buffers of a call whose rows are aligned: no generic store
-  // to order there, and the fence would wait for the scalar loads above: bench/NOTES-gpu.md v34.)
+  // Element path: this warp's earlier generic stores into the buffer are ordered before the
+  // async proxy. Bulk copies write the buffers only of calls whose rows are aligned, where no
+  // generic store into them ever precedes one: no fence there (alone it changed no timing, but
+  // without it the FIRST_LATE instantiations spill less; bench/NOTES-gpu.md v34).
   if (!a.vec_tok) fence_proxy_async();
   if (lane == 0) mbar_arrive_expect_tx(bar, a.vec_tok ? cnt * (2 * qbytes + vbytes) : 0u);
   __syncwarp();
@@ -366,8 +367,9 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int c
 // tuning.h recurrent_chunk_first_late): the first chunk's tokens are copied before the first
 // item's state, and that item waits for its state after its coefficients and fragments (one more
 // barrier, first chunk only), so that the phase that needs only the tokens runs while every block
-// of the wave waits for its first state; the steady state's code is the same, with 8 bytes of
-// spills more at 128 columns (measured ~1 % slower at 31 items per block, bench/NOTES-gpu.md v34).
+// of the wave waits for its first state; the steady state's code is the same, but register
+// allocation differs (0-16 bytes of spills either way by W and dtype; measured ~1 % slower at 31
+// one-chunk items per block, bench/NOTES-gpu.md v34).
 template <int W, int DT, bool FIRST_LATE>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
