@@ -55,8 +55,9 @@ struct Options {
   int path = 0;  // for the whole run: 0 the rule, 1 staged, 2 one-token, 3 narrow staged, 4 chunk
   bool prefetch_ab = false;         // also time the launch rule without the next-wave L2 prefetch
   std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
-  bool load_ab = false;   // also time the one-token kernel's state loads with each cache policy
-  bool first_ab = false;  // also time the chunk kernel's first state wait early and late
+  bool load_ab = false;      // also time the one-token kernel's state loads with each cache policy
+  bool first_ab = false;     // also time the chunk kernel's first state wait early and late
+  bool schedule_ab = false;  // also time the chunk kernel's static and dynamic items
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -366,6 +367,8 @@ int main(int argc, char** argv) {
   app.add_flag("--load-ab", opt.load_ab,
                "also time the one-token kernel's state loads evict-first and with the default "
                "cache policy");
+  app.add_flag("--schedule-ab", opt.schedule_ab,
+               "also time the chunk kernel's static and dynamic items (each checked)");
   app.add_flag("--first-ab", opt.first_ab,
                "also time the chunk kernel's first state wait early and late (each checked)");
   app.add_option("--path", opt.path,
@@ -467,6 +470,17 @@ int main(int argc, char** argv) {
                       evict_first, normal);
           load_policy = {{"evict_first", evict_first}, {"default", normal}};
         }
+        json schedule = json::object();
+        if (opt.schedule_ab) {  // the chunk kernel's items: 1 = static, 2 = dynamic
+          for (auto [mode, name] : {std::pair<int, const char*>{1, "static"}, {2, "dynamic"}}) {
+            gdr::cuda::set_recurrent_chunk_schedule_override(mode);
+            const auto [so, ss] = check_as_timed(std::string());
+            const double t = time_with(gdr::cuda::set_recurrent_chunk_schedule_override, mode);
+            schedule[name] = t;
+            std::printf("             items %-7s %9.2f us%s\n", name, t,
+                        so < tol && ss < state_tol ? "" : " (FAILED the check)");
+          }
+        }
         json first_wait = json::object();
         if (opt.first_ab) {  // the chunk kernel's first state wait: 2 = early, 1 = late
           for (auto [mode, name] : {std::pair<int, const char*>{2, "early"}, {1, "late"}}) {
@@ -520,6 +534,7 @@ int main(int argc, char** argv) {
              {"prefetch_us", prefetch},
              {"load_policy_us", load_policy},
              {"first_wait_us", first_wait},
+             {"schedule_us", schedule},
              {"state_copy_same_size_us", copy_us},
              {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

@@ -4,7 +4,8 @@
 // the narrow k-first tile at Dk 64 and 128 (4 kernels), plus the one-token kernel
 // (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels) and the
 // chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; items of 32, 64
-// or 128 value columns x three token dtypes x the first state wait early or late, 18 kernels); Dv
+// or 128 value columns x three token dtypes x {static items with the first state wait early or
+// late, dynamic items}, 27 kernels); Dv
 // (64, 128, 256), dtypes (but the chunk kernel's) and the fused options are run-time values (read
 // in the per-chunk staging code only).
 #include <cuda_runtime.h>
@@ -38,6 +39,7 @@ std::atomic<int> g_prefetch_override{0};
 std::atomic<int> g_load_override{0};
 std::atomic<int> g_chunk_columns_override{0};
 std::atomic<int> g_chunk_first_override{0};
+std::atomic<int> g_chunk_schedule_override{0};
 std::atomic<int> g_chunk_blocks_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
@@ -92,6 +94,9 @@ static_assert(recurrent_chunk_columns(32 * 4, 64, 132) == 64);
 static_assert(recurrent_chunk_first_late(32 * 64, 264, 8));
 static_assert(!recurrent_chunk_first_late(32 * 128, 264, 8));
 static_assert(recurrent_chunk_first_late(32 * 256, 264, 16));
+// Dynamic items beyond 8 per block: T = 8 B = 128 (4096 items on 264 blocks) yes, B = 64 no.
+static_assert(recurrent_chunk_dynamic(32 * 128, 264));
+static_assert(!recurrent_chunk_dynamic(32 * 64, 264));
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -344,29 +349,51 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   // 16-bit inputs are exact in tf32: no shared lo parts.
   const bool x_exact = prob.dtype != DType::f32;
   a.prefetch_blocks = a.prefetch_wave = 0;  // the kernel copies its next item itself
-  // One W and token dtype: the grid from the resident blocks (the same for both first-wait
-  // instantiations: same launch bounds, registers and shared memory), then the first state wait by
-  // the rule on that grid or the override.
+  // The grid: the resident blocks (the same for every instantiation of one W: same registers and
+  // shared memory), at most one per item (or the tests' cap); the schedule and the first-state
+  // wait by the rules on that grid, or the overrides.
   auto by_first = [&](auto w, auto dt, auto layout) {
     constexpr int W = decltype(w)::value, DT = decltype(dt)::value;
     using Ly = decltype(layout);
     constexpr int threads = 2 * Ly::kCB;
     const std::size_t smem = Ly::bytes(x_exact, dtype_size(prob.dtype));
-    const void* early = reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, false>);
-    allow_shared(early, smem, prob.device_index, op);
-    const std::int64_t resident = resident_blocks(early, threads, smem, prob.device_index, sms, op);
+    auto setup = [&](auto kernel) {
+      const void* k = reinterpret_cast<const void*>(kernel);
+      allow_shared(k, smem, prob.device_index, op);
+      return resident_blocks(k, threads, smem, prob.device_index, sms, op);
+    };
+    const std::int64_t resident = setup(detail::recurrent_chunk_kernel<W, DT, false>);
+    setup(detail::recurrent_chunk_kernel<W, DT, true>);
+    setup(detail::recurrent_chunk_kernel<W, DT, true, true>);
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
     const std::int64_t blocks = chunk_grid(items, resident);
+    const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
+    bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks));
+    // The dynamic schedule's counter: 4 bytes, stream-ordered (exclusive to this call, also in a
+    // captured graph), zeroed before the kernel and freed after it.
+    unsigned* counter = nullptr;
+    if (dynamic) {
+      if (cudaMallocAsync(reinterpret_cast<void**>(&counter), sizeof(unsigned), stream) !=
+          cudaSuccess) {
+        (void)cudaGetLastError();  // no stream-ordered memory: the static schedule
+        counter = nullptr;
+        dynamic = false;
+      } else {
+        check(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream), op, "cudaMemsetAsync");
+      }
+    }
+    a.item_counter = counter;
     const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
     const bool late = mode == 1 || (mode == 0 && recurrent_chunk_first_late(items, blocks, a.T));
     const dim3 grid(static_cast<unsigned>(blocks));
-    if (late) {
-      allow_shared(reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, true>), smem,
-                   prob.device_index, op);
+    if (dynamic)
+      detail::recurrent_chunk_kernel<W, DT, true, true><<<grid, threads, smem, stream>>>(a);
+    else if (late)
       detail::recurrent_chunk_kernel<W, DT, true><<<grid, threads, smem, stream>>>(a);
-    } else {
+    else
       detail::recurrent_chunk_kernel<W, DT, false><<<grid, threads, smem, stream>>>(a);
-    }
+    if (counter) check(cudaFreeAsync(counter, stream), op, "cudaFreeAsync");
+    a.item_counter = nullptr;
   };
   auto by_columns = [&](auto dt) {
     if (cols == 128)
@@ -477,6 +504,10 @@ void set_recurrent_prefetch_override(int mode) {
 
 void set_recurrent_load_override(int mode) {
   g_load_override.store(mode == 1 || mode == 2 ? mode : 0);
+}
+
+void set_recurrent_chunk_schedule_override(int mode) {
+  g_chunk_schedule_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_chunk_blocks_override(int blocks) {

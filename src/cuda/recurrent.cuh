@@ -96,6 +96,9 @@ struct RecurrentArgs {
   // The one-token kernel's 16-byte state loads with the default cache policy instead of
   // evict-first (tuning.h, recurrent_one_loads_normal).
   bool state_ld_normal;
+  // The chunk kernel's dynamic items (recurrent_chunk.cuh, DYNAMIC): a counter of items taken
+  // beyond the first wave, zero at the launch and exclusive to it; null: static items.
+  unsigned* item_counter;
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the

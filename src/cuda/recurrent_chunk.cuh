@@ -367,10 +367,14 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int c
 // tuning.h recurrent_chunk_first_late): the first chunk's tokens are copied before the first
 // item's state, and that item waits for its state after its coefficients and fragments (one more
 // barrier, first chunk only), so that the phase that needs only the tokens runs while every block
-// of the wave waits for its first state; the steady state's code is the same, but register
-// allocation differs (0-16 bytes of spills either way by W and dtype; measured ~1 % slower at 31
-// one-chunk items per block, bench/NOTES-gpu.md v34).
-template <int W, int DT, bool FIRST_LATE>
+// of the wave waits for its first state; the steady state's code is the same, with 8 bytes of
+// spills more at 128 columns (measured ~1 % slower at 31 items per block, bench/NOTES-gpu.md v34).
+// DYNAMIC (grids of more than 8 items per block, tuning.h recurrent_chunk_dynamic): after a
+// block's first item (blockIdx.x) the issuing warp takes each next item from a per-call counter
+// (a.item_counter, zero at the launch) at the first barrier of the current item's last chunk, so
+// that blocks on faster SMs take more items (with a static round-robin the blocks' periods differ
+// by up to ~10 % by SM and the last ones end ~6 us after the median; bench/NOTES-gpu.md v34).
+template <int W, int DT, bool FIRST_LATE, bool DYNAMIC = false>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
   using Ly = ChunkLayout<W>;
@@ -397,7 +401,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   const int lg = lane >> 2, lc = lane & 3;  // mma fragment row group and column
   char* tok0 = reinterpret_cast<char*>(sm + (EXACT ? Ly::kEndExact : Ly::kEnd));
   constexpr int tok_bytes = Ly::token_bytes(ES);
-  const std::int64_t items = a.N * a.Hv * static_cast<std::int64_t>(a.splits);
+  // Items and their indices in 32 bits (fewer than 2^31 items, host).
+  const unsigned items = static_cast<unsigned>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
   auto live_of = [&](const BlockItem& x) { return x.row >= 0 && x.row < a.P; };
 
   if (tid == 0) {
@@ -411,8 +416,11 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   // parity of the next phase of bars[b]. The last warp issues the copies of the next chunk's
   // tokens and loads its scalars; every thread copies the next item's state rows.
   constexpr int ISSUER = W - 1;
-  std::int64_t item = blockIdx.x, ch = 0;
-  BlockItem it = block_item_at(a, static_cast<unsigned>(item));
+  unsigned item = blockIdx.x;
+  int ch = 0;
+  BlockItem it = block_item_at(a, item);
+  // DYNAMIC: the next item, from the issuing warp to the others (after the second barrier).
+  unsigned* next_shared = reinterpret_cast<unsigned*>(sm + Ly::kSrc + 2);
   int buf = 0;
   unsigned parity = 0;
   float xs = 0.f;  // the issuing warp's lane scalar of the chunk in flight
@@ -434,9 +442,14 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     const std::int64_t nch = item_chunks(it), tb = 8 * ch;
     const int cnt = chunk_tokens(it, ch);
     const char* raw = tok0 + buf * tok_bytes;
-    std::int64_t next_item = item, next_ch = ch + 1;
-    if (next_ch == nch) next_item += gridDim.x, next_ch = 0;
-    const bool more = next_item < items;
+    unsigned next_item = item;
+    int next_ch = ch + 1;
+    if (next_ch == nch) {
+      next_ch = 0;
+      // DYNAMIC: not known yet (the issuing warp takes it after the first barrier).
+      next_item = DYNAMIC ? items : item + gridDim.x;
+    }
+    bool more = next_item < items;
     mbar_wait(&bars[buf], (parity >> buf) & 1u);
     parity ^= 1u << buf;
     if (!first) cp_async_wait_all();
@@ -445,8 +458,15 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
                       // token buffer and coefficients are free)
     // The last warp: the next chunk's tokens and scalars; the next item's state rows for every
     // thread (copied after the next barrier).
+    if (DYNAMIC && warp == ISSUER && next_ch == 0) {
+      unsigned taken = 0;
+      if (lane == 0) taken = gridDim.x + atomicAdd(a.item_counter, 1u);
+      next_item = __shfl_sync(0xffffffffu, taken, 0);
+      more = next_item < items;
+      if (lane == 0) *next_shared = more ? next_item : items;
+    }
     if (warp == ISSUER && more) {
-      const BlockItem nit = next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
+      const BlockItem nit = next_ch == 0 ? block_item_at(a, next_item) : it;
       const bool next_live = live_of(nit);
       const float* next_rows =
           next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
@@ -527,6 +547,10 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       first = false;
     }
     __syncthreads();  // state staging drained; fragments, coefficients, next state rows visible
+    if (DYNAMIC && next_ch == 0) {
+      next_item = *next_shared;
+      more = next_item < items;
+    }
     // The next item's state, in flight during this chunk's compute.
     if (more) {
       if (const float* src = *next_src) copy_state<CB, NTHREADS>(a, src, St);
@@ -644,7 +668,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       }
     }
     if (!more) break;
-    if (next_ch == 0) it = block_item_at(a, static_cast<unsigned>(next_item));
+    if (next_ch == 0) it = block_item_at(a, next_item);
     item = next_item, ch = next_ch, buf ^= 1;
   }
 }

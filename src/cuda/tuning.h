@@ -114,8 +114,22 @@ constexpr bool recurrent_chunk_first_late(std::int64_t items, std::int64_t block
 // the rule.
 void set_recurrent_chunk_first_override(int mode);
 
-// Tests: the chunk kernel's grid capped at this many blocks, so that the tests' small problems run
-// several items per block (the persistent loop of large grids); 0 restores the resident blocks.
+// The chunk kernel's items taken dynamically from a per-call counter (recurrent_chunk.cuh,
+// DYNAMIC; with the first state wait late) instead of round-robin: the blocks' periods differ by
+// up to ~10 % by SM, and a static schedule ends with the slowest. Measured on the H200
+// (bench/NOTES-gpu.md v34, branch exp/trace f8a4b0d; T = 8, us static | dynamic): B = 128 162.4 |
+// 153.7-155.4, B = 256 311.9 | 296.7-297.0; B = 32 48.6 | 48.0; T = 16 B = 256 437 | 428-433.
+// Rule: more than 8 items per block (below, the last items' balance is worth less than the
+// counter's memset).
+constexpr bool recurrent_chunk_dynamic(std::int64_t items, std::int64_t blocks) {
+  return items > 8 * blocks;
+}
+
+// Tests and benchmarks: the chunk kernel's items 1 = static, 2 = dynamic; 0 restores the rule.
+void set_recurrent_chunk_schedule_override(int mode);
+
+// Tests: the chunk kernel's grid capped at this many blocks (so that small problems run several
+// items per block); 0 restores the resident blocks.
 void set_recurrent_chunk_blocks_override(int blocks);
 
 // Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on

@@ -51,22 +51,24 @@ class OverrideScope {
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
 // scalar gate, fp32 state with aligned rows), 5 and 6 = the chunk kernel with items of 128 and
 // 32 columns, 7 = the chunk kernel with the rule's items and its first state wait early (the
-// tests' grids take the late wait by the rule), 8 = the chunk kernel on a grid of 3 blocks
+// tests' grids take the late wait by the rule), 8 and 9 = the chunk kernel on a grid of 3 blocks
 // (several items per block: the persistent loop of large grids, with each next item's state and
-// tokens copied during the current one).
+// tokens copied during the current one) with static and with dynamic items.
 class PathScope {
  public:
   explicit PathScope(int path) {
     cuda::set_recurrent_path_override(path >= 5 ? 4 : path);
     cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
     cuda::set_recurrent_chunk_first_override(path == 7 ? 2 : 0);
-    cuda::set_recurrent_chunk_blocks_override(path == 8 ? 3 : 0);
+    cuda::set_recurrent_chunk_blocks_override(path >= 8 ? 3 : 0);
+    cuda::set_recurrent_chunk_schedule_override(path == 8 ? 1 : (path == 9 ? 2 : 0));
   }
   ~PathScope() {
     cuda::set_recurrent_path_override(0);
     cuda::set_recurrent_chunk_columns_override(0);
     cuda::set_recurrent_chunk_first_override(0);
     cuda::set_recurrent_chunk_blocks_override(0);
+    cuda::set_recurrent_chunk_schedule_override(0);
   }
   PathScope(const PathScope&) = delete;
   PathScope& operator=(const PathScope&) = delete;
@@ -79,8 +81,8 @@ using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
 // The chunk kernel's items: 4 = the rule's columns (64 at the tests' grid sizes), 5 = 128
 // columns where Dv % 128 == 0, 6 = 32 columns (path 4 with the column override); 7 = path 4 with
-// the first state wait early; 8 = path 4 on 3 blocks.
-constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8};
+// the first state wait early; 8 and 9 = path 4 on 3 blocks, static and dynamic items.
+constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 
 // The paths every case runs through: all, or those listed in GDR_TEST_PATHS (e.g. "8" or "4,8",
 // to run one path under compute-sanitizer).
@@ -100,7 +102,8 @@ const char* path_name(int path) {
     case 5: return " [chunk path, 128 columns]";
     case 6: return " [chunk path, 32 columns]";
     case 7: return " [chunk path, early first state wait]";
-    case 8: return " [chunk path, 3 blocks]";
+    case 8: return " [chunk path, 3 blocks, static items]";
+    case 9: return " [chunk path, 3 blocks, dynamic items]";
     default: return " [staged path]";
   }
 }
