@@ -53,6 +53,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/mma_tf32.cuh"
 #include "cuda/recurrent.cuh"
@@ -401,8 +402,10 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   const int lg = lane >> 2, lc = lane & 3;  // mma fragment row group and column
   char* tok0 = reinterpret_cast<char*>(sm + (EXACT ? Ly::kEndExact : Ly::kEnd));
   constexpr int tok_bytes = Ly::token_bytes(ES);
-  // Items and their indices in 32 bits (fewer than 2^31 items, host).
-  const unsigned items = static_cast<unsigned>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
+  // Items and their indices: 32 bits with dynamic items (fewer than 2^31 items, host; fewer
+  // spills there), 64 with static ones.
+  using Index = std::conditional_t<DYNAMIC, unsigned, std::int64_t>;
+  const Index items = static_cast<Index>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
   auto live_of = [&](const BlockItem& x) { return x.row >= 0 && x.row < a.P; };
 
   if (tid == 0) {
@@ -416,9 +419,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   // parity of the next phase of bars[b]. The last warp issues the copies of the next chunk's
   // tokens and loads its scalars; every thread copies the next item's state rows.
   constexpr int ISSUER = W - 1;
-  unsigned item = blockIdx.x;
-  int ch = 0;
-  BlockItem it = block_item_at(a, item);
+  Index item = blockIdx.x, ch = 0;
+  BlockItem it = block_item_at(a, static_cast<unsigned>(item));
   // DYNAMIC: the next item, from the issuing warp to the others (after the second barrier).
   unsigned* next_shared = reinterpret_cast<unsigned*>(sm + Ly::kSrc + 2);
   int buf = 0;
@@ -442,13 +444,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     const std::int64_t nch = item_chunks(it), tb = 8 * ch;
     const int cnt = chunk_tokens(it, ch);
     const char* raw = tok0 + buf * tok_bytes;
-    unsigned next_item = item;
-    int next_ch = ch + 1;
-    if (next_ch == nch) {
-      next_ch = 0;
-      // DYNAMIC: not known yet (the issuing warp takes it after the first barrier).
-      next_item = DYNAMIC ? items : item + gridDim.x;
-    }
+    Index next_item = item, next_ch = ch + 1;
+    // DYNAMIC: the next item is not known yet (the issuing warp takes it after the first barrier).
+    if (next_ch == nch) next_item = DYNAMIC ? items : next_item + gridDim.x, next_ch = 0;
     bool more = next_item < items;
     mbar_wait(&bars[buf], (parity >> buf) & 1u);
     parity ^= 1u << buf;
@@ -461,12 +459,12 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     if (DYNAMIC && warp == ISSUER && next_ch == 0) {
       unsigned taken = 0;
       if (lane == 0) taken = gridDim.x + atomicAdd(a.item_counter, 1u);
-      next_item = __shfl_sync(0xffffffffu, taken, 0);
+      next_item = static_cast<Index>(__shfl_sync(0xffffffffu, taken, 0));
       more = next_item < items;
-      if (lane == 0) *next_shared = more ? next_item : items;
+      if (lane == 0) *next_shared = static_cast<unsigned>(more ? next_item : items);
     }
     if (warp == ISSUER && more) {
-      const BlockItem nit = next_ch == 0 ? block_item_at(a, next_item) : it;
+      const BlockItem nit = next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
       const bool next_live = live_of(nit);
       const float* next_rows =
           next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
@@ -668,7 +666,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       }
     }
     if (!more) break;
-    if (next_ch == 0) it = block_item_at(a, next_item);
+    if (next_ch == 0) it = block_item_at(a, static_cast<unsigned>(next_item));
     item = next_item, ch = next_ch, buf ^= 1;
   }
 }
