@@ -94,9 +94,11 @@ static_assert(recurrent_chunk_columns(32 * 4, 64, 132) == 64);
 static_assert(recurrent_chunk_first_late(32 * 64, 264, 8));
 static_assert(!recurrent_chunk_first_late(32 * 128, 264, 8));
 static_assert(recurrent_chunk_first_late(32 * 256, 264, 16));
-// Dynamic items beyond 8 per block: T = 8 B = 128 (4096 items on 264 blocks) yes, B = 64 no.
-static_assert(recurrent_chunk_dynamic(32 * 128, 264));
-static_assert(!recurrent_chunk_dynamic(32 * 64, 264));
+// Dynamic items beyond 8 per block, one chunk each: T = 8 B = 128 (4096 items on 264 blocks)
+// yes, B = 64 no, T = 16 B = 128 no.
+static_assert(recurrent_chunk_dynamic(32 * 128, 264, 8));
+static_assert(!recurrent_chunk_dynamic(32 * 64, 264, 8));
+static_assert(!recurrent_chunk_dynamic(32 * 128, 264, 16));
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -368,7 +370,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
     const std::int64_t blocks = chunk_grid(items, resident);
     const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
-    bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks));
+    bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks, a.T));
     // The dynamic schedule's counter: 4 bytes, stream-ordered (exclusive to this call, also in a
     // captured graph), zeroed before the kernel and freed after it.
     unsigned* counter = nullptr;
