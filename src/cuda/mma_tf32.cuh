@@ -66,14 +66,9 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
       : "memory");
 }
 
-// Named barrier `id` (1 .. 15; 0 is __syncthreads) of `count` threads (a multiple of 32): wait
-// for all, or arrive without waiting (shared-memory writes before the arrival are visible to the
-// threads that wait).
+// Named barrier `id` (1 .. 15; 0 is __syncthreads) of `count` threads (a multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
 // Orders this thread's earlier shared-memory accesses before its later bulk copies.

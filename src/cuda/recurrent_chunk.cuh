@@ -427,12 +427,11 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   unsigned parity = 0;
   float xs = 0.f;  // the issuing warp's lane scalar of the chunk in flight
   if (warp == ISSUER) xs = issue_tokens<CB>(a, it, 0, live_of(it), tok0, &bars[0], lane);
-  if constexpr (FIRST_LATE) {  // the token copies go out before the state's
-    if (warp == ISSUER)
-      named_barrier_arrive(2, NTHREADS);
-    else
-      named_barrier_sync(2, NTHREADS);
-  }
+  // The token copies go out before the state's. (Every warp waits at named barrier 2, the issuing
+  // one too: with bar.arrive there, and at named barrier 1 below, compute-sanitizer racecheck
+  // reports WAR hazards across the next block barriers from the second item of a block on; with
+  // bar.sync at both it reports none, at the same speed: bench/NOTES-gpu.md v35.)
+  if constexpr (FIRST_LATE) named_barrier_sync(2, NTHREADS);
   if (live_of(it) && a.h_in) copy_state<CB, NTHREADS>(a, state_rows(a, it, CB), St);
   cp_async_commit();
   bool first = FIRST_LATE;  // the first chunk, whose state wait comes late
@@ -480,19 +479,15 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       xs = issue_tokens<CB>(a, nit, next_ch, next_live, tok0 + (buf ^ 1) * tok_bytes,
                             &bars[buf ^ 1], lane);
     }
-    // Warps 0 .. GW - 1: a partial Gram each (a quarter of the keys); warp 0 waits for the
-    // others' (named barrier 1) and forms the chunk's coefficients while they go on to the
-    // fragments.
+    // Warps 0 .. GW - 1: a partial Gram each (a quarter of the keys), then named barrier 1; warp 0
+    // forms the chunk's coefficients from them while the others go on to the fragments.
     constexpr int GW = Ly::kGW;
     if (live && warp < GW) {
       chunk_gram_part<DT, GW>(raw, cnt, ms, sm + Ly::kGram + 256 * warp, warp, lane);
-      if (warp == 0) {
-        if constexpr (GW > 1) named_barrier_sync(1, 32 * GW);
+      if constexpr (GW > 1) named_barrier_sync(1, 32 * GW);
+      if (warp == 0)
         chunk_coefficients<GW>(a, cnt, gs, bs, ms, sm + Ly::kGram, sm + Ly::kL, sm + Ly::kTi, coef,
                                lane);
-      } else {
-        named_barrier_arrive(1, 32 * GW);
-      }
     }
     // The item's state: staging buffer -> registers. Keys 8 j + 2c (+ 1), columns 16 w + 2g (+ 1).
     // (Scalar loads: the 8-byte pair would need register pairs, which spilled.)
