@@ -457,10 +457,12 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     // thread (copied after the next barrier).
     if (DYNAMIC && warp == ISSUER && next_ch == 0) {
       unsigned taken = 0;
-      if (lane == 0) taken = gridDim.x + atomicAdd(a.item_counter, 1u);
+      if (lane == 0) {
+        taken = gridDim.x + atomicAdd(a.item_counter, 1u);
+        *next_shared = taken;  // the other warps read it after the second barrier
+      }
       next_item = static_cast<Index>(__shfl_sync(0xffffffffu, taken, 0));
       more = next_item < items;
-      if (lane == 0) *next_shared = static_cast<unsigned>(more ? next_item : items);
     }
     if (warp == ISSUER && more) {
       const BlockItem nit = next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
