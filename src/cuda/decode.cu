@@ -94,10 +94,10 @@ static_assert(recurrent_chunk_columns(32 * 4, 64, 132) == 64);
 static_assert(recurrent_chunk_first_late(32 * 64, 264, 8));
 static_assert(!recurrent_chunk_first_late(32 * 128, 264, 8));
 static_assert(recurrent_chunk_first_late(32 * 256, 264, 16));
-// Dynamic items beyond 8 per block, one chunk each: T = 8 B = 128 (4096 items on 264 blocks)
-// yes, B = 64 no, T = 16 B = 128 no.
-static_assert(recurrent_chunk_dynamic(32 * 128, 264, 8));
-static_assert(!recurrent_chunk_dynamic(32 * 64, 264, 8));
+// Dynamic items beyond 6 per block, one chunk each: T = 8 B = 64 (2048 items on 264 blocks) and
+// B = 128 yes, B = 32 no, T = 16 B = 128 no.
+static_assert(recurrent_chunk_dynamic(32 * 64, 264, 8));
+static_assert(!recurrent_chunk_dynamic(32 * 32, 264, 8));
 static_assert(!recurrent_chunk_dynamic(32 * 128, 264, 16));
 
 void check(cudaError_t err, const char* op, const char* what) {

@@ -117,13 +117,13 @@ void set_recurrent_chunk_first_override(int mode);
 // The chunk kernel's items taken dynamically from a per-call counter (recurrent_chunk.cuh,
 // DYNAMIC; with the first state wait late) instead of round-robin: the blocks' periods differ by
 // up to ~10 % by SM, and a static schedule ends with the slowest. Measured on the H200
-// (bench/NOTES-gpu.md v35, bench/results/2026-11-30-decode-20.json; us static | dynamic): T = 8
-// B = 64 87.1 | 86.3, B = 128 162.1 | 157.7, B = 256 310.8 | 298.9; T = 16 B = 128 224.8 | 228.9,
-// B = 256 429.7 | 435.8. Rule: more than 8 items per block (below, the last items' balance is
-// worth less than the counter's memset) and one chunk per item (at 16 tokens it lost).
+// (bench/NOTES-gpu.md v35, bench/results/2026-11-30-decode-21.json, 6d1f3b2; us static |
+// dynamic): T = 8 B = 32 46.9 | 47.8, B = 64 85.4 | 83.0, B = 128 162.4 | 152.7, B = 256 310.3 |
+// 291.1; T = 16 B = 32 62.9 | 65.0, B = 128 218.8 | 222.7, B = 256 421.9 | 430.0. Rule: more
+// than 6 items per block (B = 64 at T = 8 has 7.8; B = 32 3.9) and one chunk per item.
 constexpr bool recurrent_chunk_dynamic(std::int64_t items, std::int64_t blocks,
                                        std::int64_t tokens) {
-  return items > 8 * blocks && tokens <= 8;
+  return items > 6 * blocks && tokens <= 8;
 }
 
 // Tests and benchmarks: the chunk kernel's items 1 = static, 2 = dynamic; 0 restores the rule.
