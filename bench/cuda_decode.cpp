@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -297,6 +298,23 @@ double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
   });
 }
 
+// Median host wall time per decode call (us) when each call is waited for (eager calls, no
+// graph: the host's launch and setup costs included), over opt.reps calls cycling through the sets.
+double time_eager(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
+                  const Options& opt) {
+  gdr::ExecConfig cfg;
+  cfg.stream = st;
+  std::vector<float> us;
+  for (int i = 0; i < opt.warmup + opt.reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gdr::decode(decode_params(s, sets[static_cast<std::size_t>(i) % sets.size()]), cfg);
+    check(cudaStreamSynchronize(st), "eager");
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= opt.warmup) us.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
+  }
+  return median(us);
+}
+
 // Median time per state-sized copy (us) over graph replays of NS copies, set i's state into
 // set i + 1's (the decode graph's bytes for the state, its launch count and its tails).
 double time_copy_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
@@ -475,10 +493,13 @@ int main(int argc, char** argv) {
           for (auto [mode, name] : {std::pair<int, const char*>{1, "static"}, {2, "dynamic"}}) {
             gdr::cuda::set_recurrent_chunk_schedule_override(mode);
             const auto [so, ss] = check_as_timed(std::string());
+            const double eager = time_eager(s, sets, st, opt);
             const double t = time_with(gdr::cuda::set_recurrent_chunk_schedule_override, mode);
             schedule[name] = t;
-            std::printf("             items %-7s %9.2f us%s\n", name, t,
-                        so < tol && ss < state_tol ? "" : " (FAILED the check)");
+            schedule[std::string(name) + "_eager_synced"] = eager;
+            std::printf(
+                "             items %-7s %9.2f us (eager, each call waited for: %.2f us)%s\n", name,
+                t, eager, so < tol && ss < state_tol ? "" : " (FAILED the check)");
           }
         }
         json first_wait = json::object();

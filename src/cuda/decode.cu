@@ -278,6 +278,36 @@ std::int64_t resident_blocks(const void* kernel, int threads, std::size_t smem, 
   return static_cast<std::int64_t>(per_sm) * sms;
 }
 
+// gdr's own stream-ordered memory pool on `device` (created once, never released: it keeps its
+// reserve however often the process synchronizes, unlike the default pool with its release
+// threshold of 0, and leaves the default pool's settings to the caller), or null where the device
+// has no memory pools.
+cudaMemPool_t small_pool(int device) {
+  static std::mutex mutex;
+  static std::map<int, cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = pools.find(device);
+  if (it != pools.end()) return it->second;
+  cudaMemPool_t pool = nullptr;
+  int supported = 0;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess &&
+      supported) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    if (cudaMemPoolCreate(&pool, &props) == cudaSuccess) {
+      std::uint64_t keep = UINT64_MAX;
+      (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    } else {
+      pool = nullptr;
+    }
+  }
+  (void)cudaGetLastError();  // a refused query or creation: no pool (callers fall back)
+  pools.emplace(device, pool);
+  return pool;
+}
+
 // RecurrentArgs::prefetch_blocks and prefetch_wave by the rules (tuning.h) or the override; only
 // 16-byte state rows.
 void set_prefetch(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, bool one_token) {
@@ -371,12 +401,13 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const std::int64_t blocks = chunk_grid(items, resident);
     const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
     bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks, a.T));
-    // The dynamic schedule's counter: 4 bytes, stream-ordered (exclusive to this call, also in a
-    // captured graph), zeroed before the kernel and freed after it.
+    // The dynamic schedule's counter: 4 bytes from gdr's pool on the call's stream (exclusive to
+    // this call, also as nodes of a captured graph), zeroed before the kernel and freed after it.
     unsigned* counter = nullptr;
     if (dynamic) {
-      if (cudaMallocAsync(reinterpret_cast<void**>(&counter), sizeof(unsigned), stream) !=
-          cudaSuccess) {
+      const cudaMemPool_t pool = small_pool(prob.device_index);
+      if (!pool || cudaMallocFromPoolAsync(reinterpret_cast<void**>(&counter), sizeof(unsigned),
+                                           pool, stream) != cudaSuccess) {
         (void)cudaGetLastError();  // no stream-ordered memory: the static schedule
         counter = nullptr;
         dynamic = false;
