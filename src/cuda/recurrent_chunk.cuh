@@ -20,7 +20,8 @@
 // ranges (no division by a cumulative decay that may underflow).
 //
 // Work: an item is CB = 16 W value columns of one (sequence, value head) with all Dk keys; a
-// block of W warps takes items blockIdx.x, + gridDim.x, ... (grid: the resident blocks). Warp w
+// block of W warps takes items blockIdx.x, + gridDim.x, ... (grid: the resident blocks), or after
+// blockIdx.x the next from a per-call counter (DYNAMIC, tuning.h recurrent_chunk_dynamic). Warp w
 // holds S^T of its 16 columns (M) x 128 keys (N) as the C fragments of 16 mma tiles, 64 floats
 // per thread: thread (g = lane / 4, c = lane % 4) holds fragment rows g and g + 8, keys 8 j + 2 c
 // (+ 1) of tile j, where fragment row g stands for column 16 w + 2 g and row g + 8 for column
@@ -40,7 +41,8 @@
 // state copy (cp.async); block barrier; the last warp issues the next chunk's token copies (the
 // bulk-copy engine, a row per lane), asks the L2 for the next item's state (last chunk of an
 // item whose rows are contiguous: 16 bulk prefetches, so that the DRAM works on it during this
-// phase, before the staging buffer is free) and loads its scalars; warps 0 .. 3 form a quarter
+// phase, before the staging buffer is free) and loads its scalars (DYNAMIC, an item's last chunk:
+// it first takes the next item); warps 0 .. 3 form a quarter
 // of the chunk's Gram X X^T each from the raw tokens, then warp 0 sums them (named barrier) and
 // forms the 8 x 8 coefficients (L, Ti, Mo, the row factors) while warps 1 .. form the X and K
 // fragments, and (first chunk of an item) every warp loads its state fragments from the staging
@@ -368,9 +370,10 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int c
 // tuning.h recurrent_chunk_first_late): the first chunk's tokens are copied before the first
 // item's state, and that item waits for its state after its coefficients and fragments (one more
 // barrier, first chunk only), so that the phase that needs only the tokens runs while every block
-// of the wave waits for its first state; the steady state's code is the same, with 8 bytes of
-// spills more at 128 columns (measured ~1 % slower at 31 items per block, bench/NOTES-gpu.md v34).
-// DYNAMIC (grids of more than 8 items per block, tuning.h recurrent_chunk_dynamic): after a
+// of the wave waits for its first state; the steady state's code is the same, but register
+// allocation differs (0-28 bytes of spills either way by W and dtype; measured ~1 % slower at 31
+// one-chunk items per block, bench/NOTES-gpu.md v34).
+// DYNAMIC (more than 6 one-chunk items per block, tuning.h recurrent_chunk_dynamic): after a
 // block's first item (blockIdx.x) the issuing warp takes each next item from a per-call counter
 // (a.item_counter, zero at the launch) at the first barrier of the current item's last chunk, so
 // that blocks on faster SMs take more items (with a static round-robin the blocks' periods differ
