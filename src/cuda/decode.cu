@@ -5,9 +5,8 @@
 // (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels) and the
 // chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; items of 32, 64
 // or 128 value columns x three token dtypes x {static items with the first state wait early or
-// late, dynamic items}, 27 kernels); Dv
-// (64, 128, 256), dtypes (but the chunk kernel's) and the fused options are run-time values (read
-// in the per-chunk staging code only).
+// late, dynamic items}, 27 kernels); Dv (64, 128, 256), dtypes (but the chunk kernel's) and the
+// fused options are run-time values (read in the per-chunk staging code only).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -389,14 +388,9 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     using Ly = decltype(layout);
     constexpr int threads = 2 * Ly::kCB;
     const std::size_t smem = Ly::bytes(x_exact, dtype_size(prob.dtype));
-    auto setup = [&](auto kernel) {
-      const void* k = reinterpret_cast<const void*>(kernel);
-      allow_shared(k, smem, prob.device_index, op);
-      return resident_blocks(k, threads, smem, prob.device_index, sms, op);
-    };
-    const std::int64_t resident = setup(detail::recurrent_chunk_kernel<W, DT, false>);
-    setup(detail::recurrent_chunk_kernel<W, DT, true>);
-    setup(detail::recurrent_chunk_kernel<W, DT, true, true>);
+    const void* early = reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, false>);
+    allow_shared(early, smem, prob.device_index, op);
+    const std::int64_t resident = resident_blocks(early, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
     const std::int64_t blocks = chunk_grid(items, resident);
     const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
@@ -419,12 +413,16 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
     const bool late = mode == 1 || (mode == 0 && recurrent_chunk_first_late(items, blocks, a.T));
     const dim3 grid(static_cast<unsigned>(blocks));
+    auto launch = [&](auto kernel) {  // its shared memory allowed once per device (cached)
+      allow_shared(reinterpret_cast<const void*>(kernel), smem, prob.device_index, op);
+      kernel<<<grid, threads, smem, stream>>>(a);
+    };
     if (dynamic)
-      detail::recurrent_chunk_kernel<W, DT, true, true><<<grid, threads, smem, stream>>>(a);
+      launch(detail::recurrent_chunk_kernel<W, DT, true, true>);
     else if (late)
-      detail::recurrent_chunk_kernel<W, DT, true><<<grid, threads, smem, stream>>>(a);
+      launch(detail::recurrent_chunk_kernel<W, DT, true>);
     else
-      detail::recurrent_chunk_kernel<W, DT, false><<<grid, threads, smem, stream>>>(a);
+      launch(detail::recurrent_chunk_kernel<W, DT, false>);
     if (counter) check(cudaFreeAsync(counter, stream), op, "cudaFreeAsync");
     a.item_counter = nullptr;
   };

@@ -97,8 +97,8 @@ void set_recurrent_chunk_columns_override(int columns);
 
 // The chunk kernel's first chunk with its state wait late (recurrent_chunk.cuh, FIRST_LATE): every
 // block of the first wave waits ~8 us for its first state at the H200's bandwidth, and its tokens,
-// copied first, let it form that chunk's coefficients and fragments meanwhile; the instantiation
-// carries 8 bytes more spills at 128 columns, which cost in the steady state of one-chunk items.
+// copied first, let it form that chunk's coefficients and fragments meanwhile; the instantiation's
+// register allocation differs (spills), which cost in the steady state of one-chunk items.
 // Measured on the H200 (bench/NOTES-gpu.md v34; Hv = 32, Dk = Dv = 128, us early | late, same
 // process): T = 8: B = 2 (64-column items) 7.99 | 7.54, B = 6 13.18 | 11.98, B = 8 (1 item per
 // block) 16.15 | 14.73, B = 32 (3.9) 49.04 | 47.86, B = 64 (7.8) 88.08 | 86.91, B = 128 (15.5)
