@@ -488,31 +488,35 @@ int main(int argc, char** argv) {
                       evict_first, normal);
           load_policy = {{"evict_first", evict_first}, {"default", normal}};
         }
-        json schedule = json::object();
-        if (opt.schedule_ab) {  // the chunk kernel's items: 1 = static, 2 = dynamic
-          for (auto [mode, name] : {std::pair<int, const char*>{1, "static"}, {2, "dynamic"}}) {
-            gdr::cuda::set_recurrent_chunk_schedule_override(mode);
-            const auto [so, ss] = check_as_timed(std::string());
-            const double eager = time_eager(s, sets, st, opt);
-            const double t = time_with(gdr::cuda::set_recurrent_chunk_schedule_override, mode);
-            schedule[name] = t;
-            schedule[std::string(name) + "_eager_synced"] = eager;
-            std::printf(
-                "             items %-7s %9.2f us (eager, each call waited for: %.2f us)%s\n", name,
-                t, eager, so < tol && ss < state_tol ? "" : " (FAILED the check)");
+        // Time (and check) each {mode, name} of one of tuning.h's overrides; `eager` also times
+        // eager calls that are each waited for.
+        auto override_ab = [&](void (*set)(int), const char* label,
+                               std::initializer_list<std::pair<int, const char*>> modes,
+                               bool eager) {
+          json res = json::object();
+          for (auto [mode, name] : modes) {
+            set(mode);
+            const auto [eo, es] = check_as_timed(std::string());
+            const double te = eager ? time_eager(s, sets, st, opt) : 0.0;
+            const double t = time_with(set, mode);
+            res[name] = t;
+            if (eager) res[std::string(name) + "_eager_synced"] = te;
+            std::printf("             %s %-7s %9.2f us", label, name, t);
+            if (eager) std::printf(" (eager, each call waited for: %.2f us)", te);
+            std::printf("%s\n", eo < tol && es < state_tol ? "" : " (FAILED the check)");
           }
-        }
-        json first_wait = json::object();
-        if (opt.first_ab) {  // the chunk kernel's first state wait: 2 = early, 1 = late
-          for (auto [mode, name] : {std::pair<int, const char*>{2, "early"}, {1, "late"}}) {
-            gdr::cuda::set_recurrent_chunk_first_override(mode);
-            const auto [fo, fs] = check_as_timed(std::string());
-            const double t = time_with(gdr::cuda::set_recurrent_chunk_first_override, mode);
-            first_wait[name] = t;
-            std::printf("             first state wait %-5s %9.2f us%s\n", name, t,
-                        fo < tol && fs < state_tol ? "" : " (FAILED the check)");
-          }
-        }
+          return res;
+        };
+        // The chunk kernel's items (1 = static, 2 = dynamic) and first state wait (2 = early,
+        // 1 = late).
+        const json schedule = opt.schedule_ab
+                                  ? override_ab(gdr::cuda::set_recurrent_chunk_schedule_override,
+                                                "items", {{1, "static"}, {2, "dynamic"}}, true)
+                                  : json::object();
+        const json first_wait =
+            opt.first_ab ? override_ab(gdr::cuda::set_recurrent_chunk_first_override,
+                                       "first state wait", {{2, "early"}, {1, "late"}}, false)
+                         : json::object();
         for (int mode : opt.prefetch_modes)
           std::printf("             prefetch mode %d %9.2f us\n", mode,
                       time_with(gdr::cuda::set_recurrent_prefetch_override, mode));
