@@ -99,7 +99,8 @@ struct ChunkLayout {
   static constexpr int kTi = kL + 64;           // [8][8] Ti = (I + L)^-1 (warp 0's scratch)
   static constexpr int kCoef = kTi + 64;        // [ChunkCoef::kSize] the coefficients
   static constexpr int kBar = kCoef + ChunkCoef::kSize;  // [2] u64 mbarriers, token buffers
-  static constexpr int kSrc = kBar + 4;       // pointer: the next item's state rows or null
+  static constexpr int kSrc = kBar + 4;       // pointer: the next item's state rows or null;
+                                              // + 2: DYNAMIC's next item (unsigned)
   static constexpr int kXl = kSrc + 4;        // X fragments, tf32 lo (f32 inputs only)
   static constexpr int kKl = kXl + 16 * kDK;  // K fragments, tf32 lo (f32 inputs only)
   static constexpr int kEndExact = kXl;
@@ -424,7 +425,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   constexpr int ISSUER = W - 1;
   Index item = blockIdx.x, ch = 0;
   BlockItem it = block_item_at(a, static_cast<unsigned>(item));
-  // DYNAMIC: the next item, from the issuing warp to the others (after the second barrier).
+  // DYNAMIC: the next item, from the issuing warp to the others (after the second barrier), in
+  // the slot after the next-state pointer.
   unsigned* next_shared = reinterpret_cast<unsigned*>(sm + Ly::kSrc + 2);
   int buf = 0;
   unsigned parity = 0;
