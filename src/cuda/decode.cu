@@ -24,6 +24,7 @@
 #include "cuda/recurrent.cuh"
 #include "cuda/recurrent_chunk.cuh"
 #include "cuda/recurrent_one.cuh"
+#include "cuda/recurrent_ring.cuh"
 #include "cuda/tuning.h"
 #include "gdr/error.h"
 
@@ -40,6 +41,7 @@ std::atomic<int> g_chunk_columns_override{0};
 std::atomic<int> g_chunk_first_override{0};
 std::atomic<int> g_chunk_schedule_override{0};
 std::atomic<int> g_chunk_blocks_override{0};
+std::atomic<int> g_ring_pieces_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);        // B = 1
@@ -443,6 +445,35 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   check(cudaGetLastError(), op, "chunk kernel launch");
 }
 
+// The ring kernel (recurrent_ring.cuh): one persistent block per SM (at most one per item) on
+// items of 128 value columns.
+void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
+                 cudaStream_t stream) {
+  const std::int64_t items = grid_blocks(a, a.N * prob.Hv, prob.Dv / 128, op);
+  if (items == 0) return;
+  a.prefetch_blocks = a.prefetch_wave = 0;
+  // Evict-first state loads unless the load override asks for the default policy.
+  a.state_ld_normal = g_load_override.load(std::memory_order_relaxed) == 2;
+  const int pieces = g_ring_pieces_override.load(std::memory_order_relaxed);
+  a.ring_pieces = pieces > 0 ? pieces : recurrent_ring_pieces();
+  constexpr std::size_t smem = detail::RingLayout::kBytes;
+  constexpr int threads = (detail::kRingConsumers + 1) * 32;
+  auto go = [&](auto kernel) {
+    const void* k = reinterpret_cast<const void*>(kernel);
+    allow_shared(k, smem, prob.device_index, op);
+    const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
+    if (resident <= 0) refuse(op, "the ring kernel does not fit on this device");
+    kernel<<<static_cast<unsigned>(chunk_grid(items, resident)), threads, smem, stream>>>(a);
+  };
+  if (prob.dtype == DType::bf16)
+    go(detail::recurrent_ring_kernel<detail::kBF16>);
+  else if (prob.dtype == DType::f16)
+    go(detail::recurrent_ring_kernel<detail::kF16>);
+  else
+    go(detail::recurrent_ring_kernel<detail::kF32>);
+  check(cudaGetLastError(), op, "ring kernel launch");
+}
+
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
@@ -455,10 +486,18 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
            "k_first state with 16-byte aligned q, k, v rows; got T=" +
                std::to_string(a.T) + ", state_layout=" + (v_first ? "v_first" : "k_first") +
                (a.vec_tok ? "" : ", unaligned rows") + " (use a float32 state)");
-  const int path = g_path_override.load(std::memory_order_relaxed);
+  int path = g_path_override.load(std::memory_order_relaxed);
   const int sms = sm_count(prob.device_index, op);
   const bool per_key = prob.gate == GateKind::per_key;
   const bool varlen = a.cu_seqlens != nullptr;
+  if (recurrent_ring_applies(a.T, varlen, v_first, per_key, prob.Dk, prob.Dv, a.state_bf16,
+                             a.h_in != nullptr,
+                             a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
+      (path == 5 || (path == 0 && recurrent_ring_preferred(heads, prob.Dv, sms)))) {
+    launch_ring(a, prob, sms, op, stream);
+    return;
+  }
+  if (path == 5) path = 0;  // the ring kernel does not apply: the rules
   if (recurrent_chunk_applies(v_first, per_key, prob.Dk, a.state_bf16,
                               (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
       (path == 4 ||
@@ -541,6 +580,11 @@ void set_recurrent_chunk_schedule_override(int mode) {
   g_chunk_schedule_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
+void set_recurrent_ring_pieces_override(int pieces) {
+  g_ring_pieces_override.store(pieces == 1 || pieces == 4 || pieces == 16 || pieces == 128 ? pieces
+                                                                                          : 0);
+}
+
 void set_recurrent_chunk_blocks_override(int blocks) {
   g_chunk_blocks_override.store(blocks > 0 ? blocks : 0);
 }
@@ -554,7 +598,7 @@ void set_recurrent_chunk_columns_override(int columns) {
 }
 
 void set_recurrent_path_override(int path) {
-  g_path_override.store(path >= 1 && path <= 4 ? path : 0);
+  g_path_override.store(path >= 1 && path <= 5 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

@@ -91,6 +91,30 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
   return items >= 4 * slots || 10 * items >= 9 * waves * slots ? 128 : 64;
 }
 
+// The ring kernel (recurrent_ring.cuh: one block per SM, a ring of item states in shared memory
+// filled and drained by the bulk-copy engine) exists for one token per sequence (no varlen) on a
+// k-first fp32 state that is read (h_in) with Dk = 128, Dv % 128 == 0, a scalar gate and 16-byte
+// aligned state and token rows.
+constexpr bool recurrent_ring_applies(std::int64_t tokens, bool varlen, bool v_first, bool per_key,
+                                      std::int64_t dk, std::int64_t dv, bool bf16_state,
+                                      bool reads_state, bool rows_aligned) {
+  return tokens == 1 && !varlen && !v_first && !per_key && dk == 128 && dv % 128 == 0 &&
+         !bf16_state && reads_state && rows_aligned;
+}
+
+// Where the rules take the ring kernel (when it applies) instead of the one-token kernel: not yet
+// measured on the H200, so nowhere (the path override reaches it).
+constexpr bool recurrent_ring_preferred(std::int64_t heads, std::int64_t dv, int sm_count) {
+  return heads < 0 && dv > 0 && sm_count > 0;
+}
+
+// Benchmarks: the ring kernel's bulk copies per contiguous item (1, 4, 16 or 128); 0 restores
+// the default (recurrent_ring_pieces).
+void set_recurrent_ring_pieces_override(int pieces);
+
+// The ring kernel's bulk copies per contiguous 64 KB item: not yet measured; one.
+constexpr int recurrent_ring_pieces() { return 1; }
+
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
 // (128 only where Dv % 128 == 0); 0 restores the rule.
 void set_recurrent_chunk_columns_override(int columns);
@@ -129,8 +153,8 @@ constexpr bool recurrent_chunk_dynamic(std::int64_t items, std::int64_t blocks,
 // Tests and benchmarks: the chunk kernel's items 1 = static, 2 = dynamic; 0 restores the rule.
 void set_recurrent_chunk_schedule_override(int mode);
 
-// Tests: the chunk kernel's grid capped at this many blocks (so that small problems run several
-// items per block); 0 restores the resident blocks.
+// Tests: the chunk and ring kernels' grids capped at this many blocks (so that small problems run
+// several items per block); 0 restores the resident blocks.
 void set_recurrent_chunk_blocks_override(int blocks);
 
 // Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on
@@ -155,7 +179,7 @@ void set_recurrent_warps_override(int warps);
 // one-token kernel wherever recurrent_one_applies, the usual staged tile elsewhere; 3 = the staged
 // kernel with the narrow tile wherever it exists (k-first, Dk < 256), the usual tile elsewhere;
 // 4 = the chunk kernel wherever recurrent_chunk_applies, the usual staged tile elsewhere;
-// 0 = the rules.
+// 5 = the ring kernel wherever recurrent_ring_applies, the rules elsewhere; 0 = the rules.
 void set_recurrent_path_override(int path);
 
 // The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block): how many blocks ahead a

@@ -53,14 +53,17 @@ class OverrideScope {
 // 32 columns, 7 = the chunk kernel with the rule's items and its first state wait early (the
 // tests' grids take the late wait by the rule), 8 and 9 = the chunk kernel on a grid of 3 blocks
 // (several items per block: the persistent loop of large grids, with each next item's state and
-// tokens copied during the current one) with static and with dynamic items.
+// tokens copied during the current one) with static and with dynamic items; 10 = the ring kernel
+// where it applies (one token, k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate, aligned
+// rows; the rules elsewhere), 11 = the ring kernel on a grid of 2 blocks (several items per block:
+// its slots refilled and reused).
 class PathScope {
  public:
   explicit PathScope(int path) {
-    cuda::set_recurrent_path_override(path >= 5 ? 4 : path);
+    cuda::set_recurrent_path_override(path >= 10 ? 5 : (path >= 5 ? 4 : path));
     cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
     cuda::set_recurrent_chunk_first_override(path == 7 ? 2 : 0);
-    cuda::set_recurrent_chunk_blocks_override(path >= 8 ? 3 : 0);
+    cuda::set_recurrent_chunk_blocks_override(path == 8 || path == 9 ? 3 : (path == 11 ? 2 : 0));
     cuda::set_recurrent_chunk_schedule_override(path == 8 ? 1 : (path == 9 ? 2 : 0));
   }
   ~PathScope() {
@@ -82,15 +85,26 @@ using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 // The chunk kernel's items: 4 = the rule's columns (64 at the tests' grid sizes), 5 = 128
 // columns where Dv % 128 == 0, 6 = 32 columns (path 4 with the column override); 7 = path 4 with
 // the first state wait early; 8 and 9 = path 4 on 3 blocks, static and dynamic items.
-constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
-// The paths every case runs through: all, or those listed in GDR_TEST_PATHS (e.g. "8" or "4,8",
-// to run one path under compute-sanitizer).
+// The paths every case runs through: all, or those listed in GDR_TEST_PATHS (numbers separated
+// by anything else, e.g. "8" or "4,10", to run one path under compute-sanitizer).
 std::vector<int> test_paths() {
-  std::vector<int> paths;
   const char* env = std::getenv("GDR_TEST_PATHS");
+  std::set<int> listed;
+  for (const char* p = env; p && *p;) {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (end == p) {
+      ++p;
+    } else {
+      listed.insert(static_cast<int>(v));
+      p = end;
+    }
+  }
+  std::vector<int> paths;
   for (int p : kAllPaths)
-    if (!env || std::strchr(env, '0' + p)) paths.push_back(p);
+    if (!env || listed.count(p)) paths.push_back(p);
   return paths;
 }
 const std::vector<int> kPaths = test_paths();
@@ -104,6 +118,8 @@ const char* path_name(int path) {
     case 7: return " [chunk path, early first state wait]";
     case 8: return " [chunk path, 3 blocks, static items]";
     case 9: return " [chunk path, 3 blocks, dynamic items]";
+    case 10: return " [ring path]";
+    case 11: return " [ring path, 2 blocks]";
     default: return " [staged path]";
   }
 }

@@ -1,0 +1,387 @@
+// The ring kernel: the one-token decode step (T = 1) as a copy pipeline. Each block (one per SM,
+// persistent) keeps a ring of kRingSlots item states in shared memory; a producer warp fills the
+// slots with the bulk-copy engine (cp.async.bulk, completing on an mbarrier per slot) and drains
+// them the same way (bulk stores from shared memory), so that while the consumer warps update one
+// item the DRAM reads the next ones and writes the previous one: reads and writes stay in flight
+// all the time, as in a copy, instead of the wave-by-wave "load all, compute, store all" of
+// recurrent_one.cuh's blocks (bench/NOTES-gpu.md v28a, v34: at B = 32 its first wave waits ~8 us
+// for 17 MB of state before any store starts). Exists for a k-first fp32 state with Dk = 128,
+// items of 128 value columns (Dv % 128 == 0), a scalar gate and 16-byte aligned rows (tuning.h,
+// recurrent_ring_applies).
+//
+// Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
+// columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
+// sqrt(||q||^2 + eps) with the in-kernel L2 norm, else 1 and scale):
+//   u_j    = beta (v_j - a rk (k . S[:, j]))
+//   o_j    = a fq (q . S[:, j]) + u_j rk fq (k . q)
+//   S[i,j] = a S[i, j] + rk k_i u_j
+// (a masked token: o = 0, S unchanged). The two column sums k . S[:, j] and q . S[:, j] are the
+// only reductions over keys.
+//
+// Work of a consumer thread (warp w < 8, lane l): key rows 16 w .. 16 w + 15 of columns 4 l ..
+// 4 l + 3 (a warp reads whole 512-byte rows of the slot: no bank conflicts), 64 floats in
+// registers. Per item: its partial column sums (and the warp's partial ||k||^2, ||q||^2, k . q)
+// into shared memory; named barrier 1 over the consumers; each thread sums the 8 warps' partials
+// of its columns, forms u and o (warp 0 stores o), updates its rows in the slot; then it fences
+// (its generic writes before the bulk store's reads) and arrives on the slot's "done" mbarrier.
+// The partials alternate between two buffers by item parity, so one barrier per item serves.
+//
+// The producer warp (warp 8) per slot: waits for "done", bulk-stores the item (rows of 512 bytes,
+// or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
+// slot, and fills it with the item kRingSlots later: the expected bytes, the state and the token
+// rows q, k, v (bulk copies), then the item's scalars (gate, beta, mask, state row) written to the
+// slot's header, then its arrival on the slot's "full" mbarrier (release: the consumers' wait
+// acquires the header). Decode in place: an item is read whole before it is written.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/mma_tf32.cuh"
+#include "cuda/recurrent.cuh"
+
+namespace gdr::cuda::detail {
+
+// ---- bulk-copy (TMA, non-tensor) helpers with an L2 cache policy ----
+
+// A 64-bit L2 cache policy: evict-first (the state is read and written once per call) or the
+// default (evict-normal).
+__device__ __forceinline__ std::uint64_t l2_policy(bool evict_first) {
+  std::uint64_t p;
+  if (evict_first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// Adds `bytes` of expected transactions to the current phase of `bar` (no arrival).
+__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// One arrival on `bar` (release at CTA scope: this thread's earlier writes are visible to the
+// threads that then see the phase complete).
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// bulk_copy (mma_tf32.cuh) with an L2 cache policy.
+__device__ __forceinline__ void bulk_copy_hint(void* dst, const void* src, unsigned bytes,
+                                               std::uint64_t* bar, std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+// `bytes` (a multiple of 16, 16-byte aligned) shared -> global by the bulk-copy engine, in this
+// thread's current bulk group.
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes,
+                                           std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(dst),
+      "r"(smem_addr(src)), "r"(bytes), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Until this thread's bulk stores have read their shared memory (the slot may be refilled).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// Until this thread's bulk stores are complete.
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// ---- the kernel ----
+
+constexpr int kRingSlots = 3;      // item states in flight per block
+constexpr int kRingConsumers = 8;  // consumer warps (16 key rows each)
+
+// Shared memory of the ring kernel, in bytes: per slot the state [128][128] f32, the raw token
+// rows q [128], k [128], v [128] (512 bytes each, any input dtype) and a header; then the
+// consumers' partial sums (two buffers by item parity) and the mbarriers.
+struct RingLayout {
+  static constexpr int kDK = 128, kCB = 128;
+  static constexpr int kState = kDK * kCB * 4;    // 65536
+  static constexpr int kQ = kState;               // raw q row
+  static constexpr int kK = kQ + 512;             // raw k row
+  static constexpr int kV = kK + 512;             // raw v row (the item's 128 columns)
+  static constexpr int kHead = kV + 512;          // RingHeader
+  static constexpr int kSlot = kHead + 64;        // bytes per slot (a multiple of 16)
+  static constexpr int kPart = kRingSlots * kSlot;  // [2][8 warps][2][128] f32 column partials
+  static constexpr int kPartX = kPart + 2 * kRingConsumers * 2 * kCB * 4;  // [2][8] float4
+  static constexpr int kBars = kPartX + 2 * kRingConsumers * 16;  // full[slots], done[slots]
+  static constexpr int kBytes = kBars + 2 * kRingSlots * 8;
+};
+
+// An item's scalars, written by the producer before its arrival on the slot's "full" barrier.
+struct RingHeader {
+  int live;    // the state row is in [0, P): state copied and stored
+  int fill;    // not live: o = 0 (1, a skipped pool row) or NaN (0, an index >= P)
+  int masked;  // the token is masked: o = 0, state unchanged
+  int hv;
+  int split;
+  float a, beta;
+  long long n;    // sequence (= batch row)
+  long long row;  // state row
+};
+static_assert(sizeof(RingHeader) <= 64);
+
+// The `dtype` raw row at `raw` (shared memory): 16 values from element i0 (i0 % 8 == 0) as floats.
+__device__ __forceinline__ void ring_row16(const char* raw, int i0, int dtype, float* x) {
+  if (dtype == kF32) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      unit_to_float(reinterpret_cast<const uint4*>(raw + 4 * i0)[u], kF32, x + 4 * u);
+  } else {
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      unit_to_float(reinterpret_cast<const uint4*>(raw + 2 * i0)[u], dtype, x + 8 * u);
+  }
+}
+
+// What the producer reads of an item before it fills a slot, loaded one item ahead (the loads'
+// latency then hides behind the wait for the slot): the item, its state row, the raw scalars.
+struct RingLookup {
+  BlockItem it;
+  float g, beta, A_log, dt_bias;
+  bool masked;
+};
+
+__device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsigned item) {
+  RingLookup x;
+  x.it = block_item_at(a, item);
+  const std::int64_t n = x.it.n;
+  const int hv = x.it.hv;
+  x.g = ldg_as_float(a.g, n * a.g_sb + hv * a.g_sh, a.g_dtype);
+  x.beta = ldg_as_float(a.beta, n * a.beta_sb + hv * a.beta_sh, a.beta_dtype);
+  x.A_log = a.gate_in_kernel ? __ldg(a.A_log + hv) : 0.f;
+  x.dt_bias = a.gate_in_kernel && a.dt_bias ? __ldg(a.dt_bias + hv * a.dt_bias_sh) : 0.f;
+  x.masked = a.mask && !__ldg(a.mask + n * a.mask_sb);
+  return x;
+}
+
+// The producer warp: fills slot `slot` with the looked-up item (expected bytes, bulk copies of the
+// state rows and the token rows, the header, the arrival on `full`). Not live (pool row skipped
+// or out of range): no copies, only the header.
+template <int DT>
+__device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLookup& x, char* slot,
+                                          std::uint64_t* full, std::uint64_t policy, int lane) {
+  using L = RingLayout;
+  constexpr int ES = DT == kF32 ? 4 : 2;
+  const BlockItem& it = x.it;
+  const bool live = it.row >= 0 && it.row < a.P;
+  const unsigned tok = static_cast<unsigned>((2 * L::kDK + L::kCB) * ES);
+  if (lane == 0) mbar_expect_tx(full, live ? static_cast<unsigned>(L::kState) + tok : 0u);
+  __syncwarp();
+  if (live) {
+    const float* src = a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * L::kCB;
+    if (a.hin_s2 == L::kCB) {  // the item's rows are contiguous: ring_pieces copies
+      const int pieces = a.ring_pieces, bytes = L::kState / pieces;
+      for (int p = lane; p < pieces; p += 32)
+        bulk_copy_hint(slot + p * bytes, reinterpret_cast<const char*>(src) + p * bytes, bytes,
+                       full, policy);
+    } else {
+#pragma unroll
+      for (int r = lane; r < L::kDK; r += 32)
+        bulk_copy_hint(slot + r * L::kCB * 4, src + r * a.hin_s2, L::kCB * 4, full, policy);
+    }
+    const BlockRows rows = block_rows(a, it, it.split * L::kCB);
+    if (lane == 1) bulk_copy(slot + L::kQ, rows.q.at(0), L::kDK * ES, full);
+    if (lane == 2) bulk_copy(slot + L::kK, rows.k.at(0), L::kDK * ES, full);
+    if (lane == 3) bulk_copy(slot + L::kV, rows.v.at(0), L::kCB * ES, full);
+  }
+  if (lane == 0) {
+    RingHeader h;
+    h.live = live;
+    h.fill = it.row < 0;
+    h.masked = x.masked;
+    h.hv = it.hv;
+    h.split = it.split;
+    h.n = it.n;
+    h.row = it.row;
+    // a = exp(g); gate in kernel: g = -exp(A_log) softplus(g + dt_bias).
+    h.a = expf(a.gate_in_kernel ? -expf(x.A_log) * softplus(x.g + x.dt_bias) : x.g);
+    h.beta = a.beta_sigmoid ? 1.f / (1.f + expf(-x.beta)) : x.beta;
+    *reinterpret_cast<RingHeader*>(slot + L::kHead) = h;
+    mbar_arrive(full);
+  }
+}
+
+// The producer warp: once the consumers are done with the slot's item, its rows -> the output
+// state (one bulk store, or one per row where the rows are not contiguous), unless nothing is to
+// be written (skipped row, masked token in place, no output state).
+__device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* slot,
+                                           std::uint64_t policy, int lane) {
+  using L = RingLayout;
+  const RingHeader h = *reinterpret_cast<const RingHeader*>(slot + L::kHead);
+  if (h.live && a.h_out && !(h.masked && a.in_place)) {
+    float* dst = a.h_out + h.row * a.hout_s0 + h.hv * a.hout_s1 + h.split * L::kCB;
+    if (a.hout_s2 == L::kCB) {
+      const int pieces = a.ring_pieces, bytes = L::kState / pieces;
+      for (int p = lane; p < pieces; p += 32)
+        bulk_store(reinterpret_cast<char*>(dst) + p * bytes, slot + p * bytes, bytes, policy);
+    } else {
+#pragma unroll
+      for (int r = lane; r < L::kDK; r += 32)
+        bulk_store(dst + r * a.hout_s2, slot + r * L::kCB * 4, L::kCB * 4, policy);
+    }
+  }
+  bulk_commit();
+}
+
+// One block per SM (persistent): items blockIdx.x, + gridDim.x, ...; 8 consumer warps and one
+// producer warp. DT: the token dtype.
+template <int DT>
+__global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
+    recurrent_ring_kernel(const RecurrentArgs a) {
+  using L = RingLayout;
+  constexpr int NC = kRingConsumers * 32;  // consumer threads
+  extern __shared__ float4 smem4[];
+  char* sm = reinterpret_cast<char*>(smem4);
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(sm + L::kBars);
+  std::uint64_t* done = full + kRingSlots;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const unsigned items = static_cast<unsigned>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
+
+  if (tid == 0) {
+    for (int s = 0; s < kRingSlots; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&done[s], NC);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp == kRingConsumers) {  // the producer
+    const std::uint64_t load_policy = l2_policy(!a.state_ld_normal);
+    const std::uint64_t store_policy = l2_policy(true);
+    unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
+    int s = 0;
+    RingLookup next = ring_lookup(a, blockIdx.x);
+    // Item k goes into slot s = k % kRingSlots once the slot's previous item (k - kRingSlots) is
+    // done, stored and read out of the slot.
+    for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+      const RingLookup cur = next;
+      if (item + gridDim.x < items) next = ring_lookup(a, item + gridDim.x);
+      char* slot = sm + s * L::kSlot;
+      if (k >= kRingSlots) {
+        mbar_wait(&done[s], (parity >> s) & 1u);
+        parity ^= 1u << s;
+        ring_store(a, slot, store_policy, lane);
+        bulk_wait_read();
+        __syncwarp();
+      }
+      ring_fill<DT>(a, cur, slot, &full[s], load_policy, lane);
+      s = s + 1 == kRingSlots ? 0 : s + 1;
+    }
+    // The last items in flight (at most kRingSlots), in order.
+    const unsigned mine = blockIdx.x < items ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;
+    const unsigned tail = mine < kRingSlots ? mine : kRingSlots;
+    s = static_cast<int>((mine - tail) % kRingSlots);  // the slot of the first of them
+    for (unsigned j = 0; j < tail; ++j) {
+      mbar_wait(&done[s], (parity >> s) & 1u);
+      parity ^= 1u << s;
+      ring_store(a, sm + s * L::kSlot, store_policy, lane);
+      s = s + 1 == kRingSlots ? 0 : s + 1;
+    }
+    bulk_wait_all();
+    return;
+  }
+
+  // The consumers.
+  const int r0 = 16 * warp, c0 = 4 * lane;
+  float4* part = reinterpret_cast<float4*>(sm + L::kPart);    // [2][8][2][32] float4
+  float4* partx = reinterpret_cast<float4*>(sm + L::kPartX);  // [2][8] float4
+  unsigned parity = 0;
+  int s = 0, pb = 0;
+  for (unsigned item = blockIdx.x; item < items; item += gridDim.x) {
+    char* slot = sm + s * L::kSlot;
+    mbar_wait(&full[s], (parity >> s) & 1u);
+    parity ^= 1u << s;
+    const RingHeader h = *reinterpret_cast<const RingHeader*>(slot + L::kHead);
+    const std::int64_t obase = h.n * a.o_sb + h.hv * a.o_sh + h.split * L::kCB + c0;
+    if (!h.live || h.masked) {  // o = 0 (masked, skipped pool row) or NaN (index >= P)
+      if (warp == 0) {
+        const float f = h.live || h.fill ? 0.f : __int_as_float(0x7fc00000);
+        store4_from_float(a.o, obase, DT, a.vec_o, make_float4(f, f, f, f));
+      }
+    } else {
+      float4 st[16];
+      float4* rows = reinterpret_cast<float4*>(slot) + r0 * (L::kCB / 4) + lane;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) st[i] = rows[i * (L::kCB / 4)];
+      float kr[16], qr[16];
+      ring_row16(slot + L::kK, r0, DT, kr);
+      ring_row16(slot + L::kQ, r0, DT, qr);
+      // Partial column sums over this warp's 16 rows, and the partial norms and k . q.
+      float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
+      float kk = 0.f, qq = 0.f, kq = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        pk.x = fmaf(kr[i], st[i].x, pk.x);
+        pk.y = fmaf(kr[i], st[i].y, pk.y);
+        pk.z = fmaf(kr[i], st[i].z, pk.z);
+        pk.w = fmaf(kr[i], st[i].w, pk.w);
+        pq.x = fmaf(qr[i], st[i].x, pq.x);
+        pq.y = fmaf(qr[i], st[i].y, pq.y);
+        pq.z = fmaf(qr[i], st[i].z, pq.z);
+        pq.w = fmaf(qr[i], st[i].w, pq.w);
+        kk = fmaf(kr[i], kr[i], kk);
+        qq = fmaf(qr[i], qr[i], qq);
+        kq = fmaf(kr[i], qr[i], kq);
+      }
+      float4* mine = part + (pb * kRingConsumers + warp) * 64;
+      mine[lane] = pk;
+      mine[32 + lane] = pq;
+      if (lane == 0) partx[pb * kRingConsumers + warp] = make_float4(kk, qq, kq, 0.f);
+      named_barrier_sync(1, NC);
+      float4 sk = make_float4(0.f, 0.f, 0.f, 0.f), sq = sk, sx = sk;
+#pragma unroll
+      for (int w = 0; w < kRingConsumers; ++w) {
+        const float4* theirs = part + (pb * kRingConsumers + w) * 64;
+        const float4 x = theirs[lane], y = theirs[32 + lane], z = partx[pb * kRingConsumers + w];
+        sk = make_float4(sk.x + x.x, sk.y + x.y, sk.z + x.z, sk.w + x.w);
+        sq = make_float4(sq.x + y.x, sq.y + y.y, sq.z + y.z, sq.w + y.w);
+        sx = make_float4(sx.x + z.x, sx.y + z.y, sx.z + z.z, sx.w);
+      }
+      pb ^= 1;
+      const float rk = a.qk_l2norm ? 1.f / sqrtf(sx.x + a.eps) : 1.f;
+      const float fq = a.scale * (a.qk_l2norm ? 1.f / sqrtf(sx.y + a.eps) : 1.f);
+      const float dec = h.a, be = h.beta;
+      float v[4];
+      if constexpr (DT == kF32) {
+        unit_to_float(reinterpret_cast<const uint4*>(slot + L::kV)[lane], kF32, v);
+      } else {
+        const uint2 w = reinterpret_cast<const uint2*>(slot + L::kV)[lane];
+        const float2 lo = pair_to_float2(w.x, DT), hi = pair_to_float2(w.y, DT);
+        v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+      }
+      const float ka = dec * rk, qa = dec * fq, kqf = rk * fq * sx.z;
+      const float4 u = make_float4(be * (v[0] - ka * sk.x), be * (v[1] - ka * sk.y),
+                                   be * (v[2] - ka * sk.z), be * (v[3] - ka * sk.w));
+      if (warp == 0)
+        store4_from_float(a.o, obase, DT, a.vec_o,
+                          make_float4(qa * sq.x + kqf * u.x, qa * sq.y + kqf * u.y,
+                                      qa * sq.z + kqf * u.z, qa * sq.w + kqf * u.w));
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float kn = rk * kr[i];
+        rows[i * (L::kCB / 4)] =
+            make_float4(fmaf(dec, st[i].x, kn * u.x), fmaf(dec, st[i].y, kn * u.y),
+                        fmaf(dec, st[i].z, kn * u.z), fmaf(dec, st[i].w, kn * u.w));
+      }
+      fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
+    }
+    mbar_arrive(&done[s]);
+    s = s + 1 == kRingSlots ? 0 : s + 1;
+  }
+}
+
+}  // namespace gdr::cuda::detail
