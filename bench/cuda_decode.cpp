@@ -58,7 +58,6 @@ struct Options {
   std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
   bool load_ab = false;      // also time the one-token kernel's state loads with each cache policy
   bool first_ab = false;     // also time the chunk kernel's first state wait early and late
-  bool ring_pieces_ab = false;  // also time the ring kernel's bulk copies per item in 1..128 pieces
   bool schedule_ab = false;  // also time the chunk kernel's static and dynamic items
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
@@ -388,9 +387,6 @@ int main(int argc, char** argv) {
                "cache policy");
   app.add_flag("--schedule-ab", opt.schedule_ab,
                "also time the chunk kernel's static and dynamic items (each checked)");
-  app.add_flag("--ring-pieces-ab", opt.ring_pieces_ab,
-               "also time the ring kernel's bulk copies per item in 1, 4, 16 and 128 pieces (each "
-               "checked)");
   app.add_flag("--first-ab", opt.first_ab,
                "also time the chunk kernel's first state wait early and late (each checked)");
   app.add_option("--path", opt.path,
@@ -518,13 +514,6 @@ int main(int argc, char** argv) {
                                   ? override_ab(gdr::cuda::set_recurrent_chunk_schedule_override,
                                                 "items", {{1, "static"}, {2, "dynamic"}}, true)
                                   : json::object();
-        json ring_pieces = json::object();
-        if (opt.ring_pieces_ab) {
-          gdr::cuda::set_recurrent_path_override(5);
-          ring_pieces = override_ab(gdr::cuda::set_recurrent_ring_pieces_override, "ring pieces",
-                                    {{1, "1"}, {4, "4"}, {16, "16"}, {128, "128"}}, false);
-          gdr::cuda::set_recurrent_path_override(opt.path);
-        }
         const json first_wait =
             opt.first_ab ? override_ab(gdr::cuda::set_recurrent_chunk_first_override,
                                        "first state wait", {{2, "early"}, {1, "late"}}, false)
@@ -574,7 +563,6 @@ int main(int argc, char** argv) {
              {"load_policy_us", load_policy},
              {"first_wait_us", first_wait},
              {"schedule_us", schedule},
-             {"ring_pieces_us", ring_pieces},
              {"state_copy_same_size_us", copy_us},
              {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

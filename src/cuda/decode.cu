@@ -6,7 +6,9 @@
 // chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; items of 32, 64
 // or 128 value columns x three token dtypes x {static items with the first state wait early or
 // late, dynamic items}, 27 kernels); Dv (64, 128, 256), dtypes (but the chunk kernel's) and the
-// fused options are run-time values (read in the per-chunk staging code only).
+// fused options are run-time values (read in the per-chunk staging code only); and the ring kernel
+// (recurrent_ring.cuh: one token, k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate; three
+// token dtypes).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -41,7 +43,6 @@ std::atomic<int> g_chunk_columns_override{0};
 std::atomic<int> g_chunk_first_override{0};
 std::atomic<int> g_chunk_schedule_override{0};
 std::atomic<int> g_chunk_blocks_override{0};
-std::atomic<int> g_ring_pieces_override{0};
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);        // B = 1
@@ -49,9 +50,13 @@ static_assert(recurrent_warps_per_block(32 * 8, 1, 128, 128, false, 132) == 4); 
 static_assert(recurrent_warps_per_block(32, 2, 128, 128, false, 132, true) == 4);  // B = 1, T = 2
 static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);    // B = 8, T = 8
 static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);   // B = 32, T = 8
-static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);          // B = 8
-static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);         // B = 32
-static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);        // B = 128
+// The ring kernel (T = 1) at 5 to 10 items per SM: B = 32 (1024 items) yes, B = 16 and 64 no.
+static_assert(recurrent_ring_preferred(32 * 32, 128, 132));
+static_assert(!recurrent_ring_preferred(32 * 16, 128, 132) &&
+              !recurrent_ring_preferred(32 * 64, 128, 132));
+static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8
+static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);   // B = 32
+static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);  // B = 128
 // The narrow tile below two warps per SM: B = 1 (256 warps) yes, B = 2 (512) no.
 static_assert(recurrent_narrow_applies(32, 128, 128, false, 132));
 static_assert(!recurrent_narrow_applies(32 * 2, 128, 128, false, 132));
@@ -454,8 +459,6 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
   a.prefetch_blocks = a.prefetch_wave = 0;
   // Evict-first state loads unless the load override asks for the default policy.
   a.state_ld_normal = g_load_override.load(std::memory_order_relaxed) == 2;
-  const int pieces = g_ring_pieces_override.load(std::memory_order_relaxed);
-  a.ring_pieces = pieces > 0 ? pieces : recurrent_ring_pieces();
   constexpr std::size_t smem = detail::RingLayout::kBytes;
   constexpr int threads = (detail::kRingConsumers + 1) * 32;
   auto go = [&](auto kernel) {
@@ -491,8 +494,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const bool per_key = prob.gate == GateKind::per_key;
   const bool varlen = a.cu_seqlens != nullptr;
   if (recurrent_ring_applies(a.T, varlen, v_first, per_key, prob.Dk, prob.Dv, a.state_bf16,
-                             a.h_in != nullptr,
-                             a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
+                             a.h_in != nullptr, a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
       (path == 5 || (path == 0 && recurrent_ring_preferred(heads, prob.Dv, sms)))) {
     launch_ring(a, prob, sms, op, stream);
     return;
@@ -578,11 +580,6 @@ void set_recurrent_load_override(int mode) {
 
 void set_recurrent_chunk_schedule_override(int mode) {
   g_chunk_schedule_override.store(mode == 1 || mode == 2 ? mode : 0);
-}
-
-void set_recurrent_ring_pieces_override(int pieces) {
-  g_ring_pieces_override.store(pieces == 1 || pieces == 4 || pieces == 16 || pieces == 128 ? pieces
-                                                                                          : 0);
 }
 
 void set_recurrent_chunk_blocks_override(int blocks) {

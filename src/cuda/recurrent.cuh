@@ -99,9 +99,6 @@ struct RecurrentArgs {
   // The chunk kernel's dynamic items (recurrent_chunk.cuh, DYNAMIC): a counter of items taken
   // beyond the first wave, zero at the launch and exclusive to it; null: static items.
   unsigned* item_counter;
-  // The ring kernel's bulk copies per item whose rows are contiguous (1, 4, 16 or 128 pieces of
-  // the item's 64 KB; rows that are not contiguous always go one per row).
-  int ring_pieces;
 };
 
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the

@@ -7,7 +7,11 @@
 // recurrent_one.cuh's blocks (bench/NOTES-gpu.md v28a, v34: at B = 32 its first wave waits ~8 us
 // for 17 MB of state before any store starts). Exists for a k-first fp32 state with Dk = 128,
 // items of 128 value columns (Dv % 128 == 0), a scalar gate and 16-byte aligned rows (tuning.h,
-// recurrent_ring_applies).
+// recurrent_ring_applies). Measured (bench/NOTES-gpu.md v36): an SM moves one item in and out per
+// ~4.7 us, ~88 % of the copy rate, with or without the math (loads alone run at the copy rate;
+// stores from registers instead of bulk stores, the slot's read wait, the L2 policies and bulk
+// copies in 4 or 16 pieces changed nothing), which beats the one-token kernel's waves only at
+// about 4 to 12 items per SM (tuning.h, recurrent_ring_preferred).
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
@@ -29,9 +33,10 @@
 // The producer warp (warp 8) per slot: waits for "done", bulk-stores the item (rows of 512 bytes,
 // or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
 // slot, and fills it with the item kRingSlots later: the expected bytes, the state and the token
-// rows q, k, v (bulk copies), then the item's scalars (gate, beta, mask, state row) written to the
-// slot's header, then its arrival on the slot's "full" mbarrier (release: the consumers' wait
-// acquires the header). Decode in place: an item is read whole before it is written.
+// rows q, k, v (bulk copies), then the item's scalars (gate, beta, mask; loaded one item ahead
+// with its state row) written to the slot's header, then its arrival on the slot's "full"
+// mbarrier (release: the consumers' wait acquires the header). Decode in place: an item is read
+// whole before it is written.
 #pragma once
 
 #include <cstdint>
@@ -108,12 +113,12 @@ constexpr int kRingConsumers = 8;  // consumer warps (16 key rows each)
 // consumers' partial sums (two buffers by item parity) and the mbarriers.
 struct RingLayout {
   static constexpr int kDK = 128, kCB = 128;
-  static constexpr int kState = kDK * kCB * 4;    // 65536
-  static constexpr int kQ = kState;               // raw q row
-  static constexpr int kK = kQ + 512;             // raw k row
-  static constexpr int kV = kK + 512;             // raw v row (the item's 128 columns)
-  static constexpr int kHead = kV + 512;          // RingHeader
-  static constexpr int kSlot = kHead + 64;        // bytes per slot (a multiple of 16)
+  static constexpr int kState = kDK * kCB * 4;      // 65536
+  static constexpr int kQ = kState;                 // raw q row
+  static constexpr int kK = kQ + 512;               // raw k row
+  static constexpr int kV = kK + 512;               // raw v row (the item's 128 columns)
+  static constexpr int kHead = kV + 512;            // RingHeader
+  static constexpr int kSlot = kHead + 64;          // bytes per slot (a multiple of 16)
   static constexpr int kPart = kRingSlots * kSlot;  // [2][8 warps][2][128] f32 column partials
   static constexpr int kPartX = kPart + 2 * kRingConsumers * 2 * kCB * 4;  // [2][8] float4
   static constexpr int kBars = kPartX + 2 * kRingConsumers * 16;  // full[slots], done[slots]
@@ -182,12 +187,9 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
   __syncwarp();
   if (live) {
     const float* src = a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * L::kCB;
-    if (a.hin_s2 == L::kCB) {  // the item's rows are contiguous: ring_pieces copies
-      const int pieces = a.ring_pieces, bytes = L::kState / pieces;
-      for (int p = lane; p < pieces; p += 32)
-        bulk_copy_hint(slot + p * bytes, reinterpret_cast<const char*>(src) + p * bytes, bytes,
-                       full, policy);
-    } else {
+    if (a.hin_s2 == L::kCB) {  // the item's rows are contiguous: one copy
+      if (lane == 0) bulk_copy_hint(slot, src, L::kState, full, policy);
+    } else {  // a copy per row (a 512-byte copy per row doubled the period: bench/NOTES-gpu.md v36)
 #pragma unroll
       for (int r = lane; r < L::kDK; r += 32)
         bulk_copy_hint(slot + r * L::kCB * 4, src + r * a.hin_s2, L::kCB * 4, full, policy);
@@ -224,9 +226,7 @@ __device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* s
   if (h.live && a.h_out && !(h.masked && a.in_place)) {
     float* dst = a.h_out + h.row * a.hout_s0 + h.hv * a.hout_s1 + h.split * L::kCB;
     if (a.hout_s2 == L::kCB) {
-      const int pieces = a.ring_pieces, bytes = L::kState / pieces;
-      for (int p = lane; p < pieces; p += 32)
-        bulk_store(reinterpret_cast<char*>(dst) + p * bytes, slot + p * bytes, bytes, policy);
+      if (lane == 0) bulk_store(dst, slot, L::kState, policy);
     } else {
 #pragma unroll
       for (int r = lane; r < L::kDK; r += 32)

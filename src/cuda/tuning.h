@@ -102,18 +102,18 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, bool varlen, bool v_f
          !bf16_state && reads_state && rows_aligned;
 }
 
-// Where the rules take the ring kernel (when it applies) instead of the one-token kernel: not yet
-// measured on the H200, so nowhere (the path override reaches it).
+// Where the rules take the ring kernel (when it applies) instead of the one-token kernel. Each SM
+// moves one 64 KB item in and out per ~4.7 us whatever the math (without it: the same; loads
+// alone run at the copy rate, so the mixed load / store stream is the limit), ~88 % of the copy
+// rate; the one-token kernel's waves lose more than that only between ~4 and ~12 items per SM.
+// Measured on the H200 (bench/NOTES-gpu.md v36; Hv = 32, Dk = Dv = 128, T = 1, us one-token |
+// ring, same process): B = 8 (1.9 items per SM) 11.1-11.3 | 11.3-11.8, B = 16 (3.9) 21.4 | 21.2,
+// B = 32 (7.8) 39.1-39.2 | 38.1-38.5, B = 64 (15.5) 70.9-71.6 | 75.7-76.0, B = 128 136 | 147,
+// B = 256 265 | 290. Rule: more than 5 and at most 10 items per SM.
 constexpr bool recurrent_ring_preferred(std::int64_t heads, std::int64_t dv, int sm_count) {
-  return heads < 0 && dv > 0 && sm_count > 0;
+  const std::int64_t items = heads * (dv / 128), sms = sm_count;
+  return items > 5 * sms && items <= 10 * sms;
 }
-
-// Benchmarks: the ring kernel's bulk copies per contiguous item (1, 4, 16 or 128); 0 restores
-// the default (recurrent_ring_pieces).
-void set_recurrent_ring_pieces_override(int pieces);
-
-// The ring kernel's bulk copies per contiguous 64 KB item: not yet measured; one.
-constexpr int recurrent_ring_pieces() { return 1; }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
 // (128 only where Dv % 128 == 0); 0 restores the rule.
