@@ -51,9 +51,10 @@ static_assert(recurrent_warps_per_block(32, 2, 128, 128, false, 132, true) == 4)
 static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);    // B = 8, T = 8
 static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);   // B = 32, T = 8
 // The ring kernel (T = 1) at 5 to 10 items per SM: B = 32 (1024 items) yes, B = 16 and 64 no.
-static_assert(recurrent_ring_preferred(32 * 32, 128, 132));
-static_assert(!recurrent_ring_preferred(32 * 16, 128, 132) &&
-              !recurrent_ring_preferred(32 * 64, 128, 132));
+static_assert(recurrent_ring_preferred(32 * 32, 128, true, 132));
+static_assert(!recurrent_ring_preferred(32 * 16, 128, true, 132) &&
+              !recurrent_ring_preferred(32 * 64, 128, true, 132) &&
+              !recurrent_ring_preferred(32 * 32, 128, false, 132));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8
 static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);   // B = 32
 static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);  // B = 128
@@ -495,7 +496,9 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const bool varlen = a.cu_seqlens != nullptr;
   if (recurrent_ring_applies(a.T, varlen, v_first, per_key, prob.Dk, prob.Dv, a.state_bf16,
                              a.h_in != nullptr, a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
-      (path == 5 || (path == 0 && recurrent_ring_preferred(heads, prob.Dv, sms)))) {
+      (path == 5 || (path == 0 && recurrent_ring_preferred(
+                                      heads, prob.Dv,
+                                      a.hin_s2 == 128 && (!a.h_out || a.hout_s2 == 128), sms)))) {
     launch_ring(a, prob, sms, op, stream);
     return;
   }

@@ -109,10 +109,13 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, bool varlen, bool v_f
 // Measured on the H200 (bench/NOTES-gpu.md v36; Hv = 32, Dk = Dv = 128, T = 1, us one-token |
 // ring, same process): B = 8 (1.9 items per SM) 11.1-11.3 | 11.3-11.8, B = 16 (3.9) 21.4 | 21.2,
 // B = 32 (7.8) 39.1-39.2 | 38.1-38.5, B = 64 (15.5) 70.9-71.6 | 75.7-76.0, B = 128 136 | 147,
-// B = 256 265 | 290. Rule: more than 5 and at most 10 items per SM.
-constexpr bool recurrent_ring_preferred(std::int64_t heads, std::int64_t dv, int sm_count) {
+// B = 256 265 | 290. An item whose rows are not contiguous (Dv > 128, padded rows) moves as a bulk
+// copy per 512-byte row, which doubles the period (B = 32 75 us). Rule: contiguous items, more
+// than 5 and at most 10 per SM.
+constexpr bool recurrent_ring_preferred(std::int64_t heads, std::int64_t dv, bool contiguous,
+                                        int sm_count) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
-  return items > 5 * sms && items <= 10 * sms;
+  return contiguous && items > 5 * sms && items <= 10 * sms;
 }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
