@@ -1,6 +1,7 @@
 // Tensor-core and asynchronous-copy helpers of the chunk kernel (recurrent_chunk.cuh): cp.async
 // 16-byte copies global -> shared, the tf32 hi / lo split, mma.sync m16n8k8 with tf32 inputs,
-// mbarriers and bulk copies.
+// mbarriers and bulk copies (the ring kernel, recurrent_ring.cuh, uses the last two and adds its
+// bulk stores and L2 policies).
 #pragma once
 
 #include <cstdint>

@@ -6,8 +6,9 @@
 // case runs through every kernel: the staged one (recurrent.cuh) with its usual tile and, on a
 // k-first state with Dk < 256, with its narrow tile, where it applies (one token, k-first
 // state, aligned rows), the one-token kernel (recurrent_one.cuh), and where it applies (k-first
-// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh), through
-// src/cuda/tuning.h's path override.
+// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (one token,
+// k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate) the ring kernel (recurrent_ring.cuh),
+// through src/cuda/tuning.h's path override.
 #include <gtest/gtest.h>
 
 #include <cmath>
