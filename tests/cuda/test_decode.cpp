@@ -466,20 +466,21 @@ TEST(CudaRecurrentForward, LengthsGatesLayouts) {
 // a masked sequence is h0 itself, written to final_state (a tensor other than h0).
 TEST(CudaRecurrentForward, OneTokenMaskedFinalState) {
   REQUIRE_GPU();
-  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
-    Case c;
-    c.B = 16;  // ~25 % of tokens masked: some sequence is masked in all but ~1 % of draws
-    c.T = 1;
-    c.Hk = 1;
-    c.Hv = 2;
-    c.Dk = c.Dv = 128;
-    c.gate = gate;
-    c.layout = StateLayout::k_first;
-    c.mask = true;
-    c.h0 = true;
-    c.final_state = true;
-    check_forward(c);
-  }
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+    for (bool final_state : {true, false}) {  // without it: o only (the ring kernel stores nothing)
+      Case c;
+      c.B = 16;  // ~25 % of tokens masked: some sequence is masked in all but ~1 % of draws
+      c.T = 1;
+      c.Hk = 1;
+      c.Hv = 2;
+      c.Dk = c.Dv = 128;
+      c.gate = gate;
+      c.layout = StateLayout::k_first;
+      c.mask = true;
+      c.h0 = true;
+      c.final_state = final_state;
+      check_forward(c);
+    }
 }
 
 TEST(CudaRecurrentForward, VarlenMaskGqaDtypes) {
