@@ -366,8 +366,9 @@ void allow_shared(const void* kernel, std::size_t smem, int device, const char* 
   have = smem;
 }
 
-// The chunk kernel's grid: one block per item up to the resident blocks (or the tests' cap).
-std::int64_t chunk_grid(std::int64_t items, std::int64_t resident) {
+// The grid of a persistent kernel (chunk, ring): one block per item up to the resident blocks (or
+// the tests' cap, set_recurrent_chunk_blocks_override).
+std::int64_t persistent_grid(std::int64_t items, std::int64_t resident) {
   std::int64_t blocks = items < resident ? items : resident;
   const int cap = g_chunk_blocks_override.load(std::memory_order_relaxed);
   if (cap > 0 && cap < blocks) blocks = cap;
@@ -400,7 +401,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     allow_shared(early, smem, prob.device_index, op);
     const std::int64_t resident = resident_blocks(early, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
-    const std::int64_t blocks = chunk_grid(items, resident);
+    const std::int64_t blocks = persistent_grid(items, resident);
     const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
     bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks, a.T));
     // The dynamic schedule's counter: 4 bytes from gdr's pool on the call's stream (exclusive to
@@ -467,7 +468,7 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     allow_shared(k, smem, prob.device_index, op);
     const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the ring kernel does not fit on this device");
-    kernel<<<static_cast<unsigned>(chunk_grid(items, resident)), threads, smem, stream>>>(a);
+    kernel<<<static_cast<unsigned>(persistent_grid(items, resident)), threads, smem, stream>>>(a);
   };
   if (prob.dtype == DType::bf16)
     go(detail::recurrent_ring_kernel<detail::kBF16>);

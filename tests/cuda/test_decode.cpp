@@ -83,9 +83,7 @@ using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 // The one-token kernel's state loads: 1 = evict-first, 2 = the default cache policy.
 using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
-// The chunk kernel's items: 4 = the rule's columns (64 at the tests' grid sizes), 5 = 128
-// columns where Dv % 128 == 0, 6 = 32 columns (path 4 with the column override); 7 = path 4 with
-// the first state wait early; 8 and 9 = path 4 on 3 blocks, static and dynamic items.
+// Every path of PathScope (above).
 constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
 // The paths every case runs through: all, or those listed in GDR_TEST_PATHS (numbers separated
@@ -462,8 +460,9 @@ TEST(CudaRecurrentForward, LengthsGatesLayouts) {
     }
 }
 
-// One token on a k-first state (the one-token kernel) with masked sequences: the final state of
-// a masked sequence is h0 itself, written to final_state (a tensor other than h0).
+// One token on a k-first state (the one-token and ring kernels) with masked sequences: the final
+// state of a masked sequence is h0 itself, written to final_state (a tensor other than h0); and
+// the same without a final state (o only).
 TEST(CudaRecurrentForward, OneTokenMaskedFinalState) {
   REQUIRE_GPU();
   for (GateKind gate : {GateKind::scalar, GateKind::per_key})
