@@ -355,6 +355,16 @@ __device__ __forceinline__ void store_scalars(const RecurrentArgs& a, int cnt, f
   }
 }
 
+// One warp's scalars of `cnt` tokens of a scalar-gate item (load_scalars / store_scalars over
+// the warp's lanes, one each: 3 cnt <= 24 scalars; lane f's raw value x), stored with the value
+// head's fused-gate parameters. The chunk and ring kernels' issuing warps.
+__device__ __forceinline__ void warp_scalar_store(const RecurrentArgs& a, int cnt, int hv, float x,
+                                                  int lane, float* gs, float* bs, float* ms) {
+  const float A = a.gate_in_kernel && lane < cnt ? -expf(__ldg(a.A_log + hv)) : 0.f;
+  const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
+  store_scalars<false, 1>(a, cnt, A, dtb, &x, gs, bs, ms, lane, 32);
+}
+
 // Fast path (a.vec_tok): q, k, v rows (and per-key g rows) move as 16-byte units, two units in
 // flight per thread before any shared store. Unit f of the chunk: q units [0, u_k), k units
 // [u_k, u_v), v units [u_v, u_g), per-key g units [u_g, u_end); within an array, unit e is

@@ -144,16 +144,6 @@ __device__ __forceinline__ int chunk_tokens(const BlockItem& x, std::int64_t ch)
   return static_cast<int>(x.len - 8 * ch < 8 ? x.len - 8 * ch : 8);
 }
 
-// The issuing warp's lane scalar of a chunk (recurrent.cuh's load_scalars / store_scalars over
-// the warp's lanes, one each: 3 cnt <= 24 scalars), stored with the value head's fused-gate
-// parameters.
-__device__ __forceinline__ void chunk_scalar_store(const RecurrentArgs& a, int cnt, int hv, float x,
-                                                   int lane, float* gs, float* bs, float* ms) {
-  const float A = a.gate_in_kernel && lane < cnt ? -expf(__ldg(a.A_log + hv)) : 0.f;
-  const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
-  store_scalars<false, 1>(a, cnt, A, dtb, &x, gs, bs, ms, lane, 32);
-}
-
 // The issuing warp: chunk ch of item `it` into the raw token buffer `raw` (q and k rows of Dk
 // values, v from the item's first column), completing on `bar` (one arrival, expecting the
 // bulk-copy bytes): 16-byte aligned rows (a.vec_tok) by the bulk-copy engine, a row per lane;
@@ -455,7 +445,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     mbar_wait(&bars[buf], (parity >> buf) & 1u);
     parity ^= 1u << buf;
     if (!first) cp_async_wait_all();
-    if (warp == ISSUER && live) chunk_scalar_store(a, cnt, it.hv, xs, lane, gs, bs, ms);
+    if (warp == ISSUER && live) warp_scalar_store(a, cnt, it.hv, xs, lane, gs, bs, ms);
     __syncthreads();  // the chunk's copies and scalars are in; the previous chunk is done (its
                       // token buffer and coefficients are free)
     // The last warp: the next chunk's tokens and scalars; the next item's state rows for every

@@ -127,12 +127,13 @@ struct RingLayout {
 
 // An item's scalars, written by the producer before its arrival on the slot's "full" barrier.
 struct RingHeader {
-  int live;    // the state row is in [0, P): state copied and stored
-  int fill;    // not live: o = 0 (1, a skipped pool row) or NaN (0, an index >= P)
-  int masked;  // the token is masked: o = 0, state unchanged
+  int live;  // the state row is in [0, P): state copied and stored
+  int fill;  // not live: o = 0 (1, a skipped pool row) or NaN (0, an index >= P)
   int hv;
   int split;
-  float a, beta;
+  float a;        // decay exp(g) (after the in-kernel gate)
+  float beta;     // (after the sigmoid)
+  float step;     // 1: the token steps; 0: masked (o = 0, state unchanged)
   long long n;    // sequence (= batch row)
   long long row;  // state row
 };
@@ -151,24 +152,20 @@ __device__ __forceinline__ void ring_row16(const char* raw, int i0, int dtype, f
   }
 }
 
-// What the producer reads of an item before it fills a slot, loaded one item ahead (the loads'
-// latency then hides behind the wait for the slot): the item, its state row, the raw scalars.
+// What the producer reads of an item before it fills a slot, looked up one item ahead (the loads'
+// latency then hides behind the wait for the slot): the item, its token rows (v from its first
+// column), and the lane's raw scalar (load_scalars over the warp: lane 0 g, 1 beta, 2 mask).
 struct RingLookup {
   BlockItem it;
-  float g, beta, A_log, dt_bias;
-  bool masked;
+  BlockRows rows;
+  float x;
 };
 
-__device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsigned item) {
+__device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsigned item, int lane) {
   RingLookup x;
   x.it = block_item_at(a, item);
-  const std::int64_t n = x.it.n;
-  const int hv = x.it.hv;
-  x.g = ldg_as_float(a.g, n * a.g_sb + hv * a.g_sh, a.g_dtype);
-  x.beta = ldg_as_float(a.beta, n * a.beta_sb + hv * a.beta_sh, a.beta_dtype);
-  x.A_log = a.gate_in_kernel ? __ldg(a.A_log + hv) : 0.f;
-  x.dt_bias = a.gate_in_kernel && a.dt_bias ? __ldg(a.dt_bias + hv * a.dt_bias_sh) : 0.f;
-  x.masked = a.mask && !__ldg(a.mask + n * a.mask_sb);
+  x.rows = block_rows(a, x.it, x.it.split * RingLayout::kCB);
+  load_scalars<false, 1>(a, x.rows, 1, 0, &x.x, lane, 32);
   return x;
 }
 
@@ -194,26 +191,22 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
       for (int r = lane; r < L::kDK; r += 32)
         bulk_copy_hint(slot + r * L::kCB * 4, src + r * a.hin_s2, L::kCB * 4, full, policy);
     }
-    const BlockRows rows = block_rows(a, it, it.split * L::kCB);
-    if (lane == 1) bulk_copy(slot + L::kQ, rows.q.at(0), L::kDK * ES, full);
-    if (lane == 2) bulk_copy(slot + L::kK, rows.k.at(0), L::kDK * ES, full);
-    if (lane == 3) bulk_copy(slot + L::kV, rows.v.at(0), L::kCB * ES, full);
+    if (lane == 1) bulk_copy(slot + L::kQ, x.rows.q.at(0), L::kDK * ES, full);
+    if (lane == 2) bulk_copy(slot + L::kK, x.rows.k.at(0), L::kDK * ES, full);
+    if (lane == 3) bulk_copy(slot + L::kV, x.rows.v.at(0), L::kCB * ES, full);
   }
+  RingHeader* h = reinterpret_cast<RingHeader*>(slot + L::kHead);
+  warp_scalar_store(a, 1, it.hv, x.x, lane, &h->a, &h->beta, &h->step);  // lanes 0, 1, 2
   if (lane == 0) {
-    RingHeader h;
-    h.live = live;
-    h.fill = it.row < 0;
-    h.masked = x.masked;
-    h.hv = it.hv;
-    h.split = it.split;
-    h.n = it.n;
-    h.row = it.row;
-    // a = exp(g); gate in kernel: g = -exp(A_log) softplus(g + dt_bias).
-    h.a = expf(a.gate_in_kernel ? -expf(x.A_log) * softplus(x.g + x.dt_bias) : x.g);
-    h.beta = a.beta_sigmoid ? 1.f / (1.f + expf(-x.beta)) : x.beta;
-    *reinterpret_cast<RingHeader*>(slot + L::kHead) = h;
-    mbar_arrive(full);
+    h->live = live;
+    h->fill = it.row < 0;
+    h->hv = it.hv;
+    h->split = it.split;
+    h->n = it.n;
+    h->row = it.row;
   }
+  __syncwarp();  // the lanes' header writes before lane 0's release arrival
+  if (lane == 0) mbar_arrive(full);
 }
 
 // The producer warp: once the consumers are done with the slot's item, its rows -> the output
@@ -223,7 +216,7 @@ __device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* s
                                            std::uint64_t policy, int lane) {
   using L = RingLayout;
   const RingHeader h = *reinterpret_cast<const RingHeader*>(slot + L::kHead);
-  if (h.live && a.h_out && !(h.masked && a.in_place)) {
+  if (h.live && a.h_out && !(h.step == 0.f && a.in_place)) {
     float* dst = a.h_out + h.row * a.hout_s0 + h.hv * a.hout_s1 + h.split * L::kCB;
     if (a.hout_s2 == L::kCB) {
       if (lane == 0) bulk_store(dst, slot, L::kState, policy);
@@ -264,12 +257,12 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
     const std::uint64_t store_policy = l2_policy(true);
     unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
     int s = 0;
-    RingLookup next = ring_lookup(a, blockIdx.x);
+    RingLookup next = ring_lookup(a, blockIdx.x, lane);
     // Item k goes into slot s = k % kRingSlots once the slot's previous item (k - kRingSlots) is
     // done, stored and read out of the slot.
     for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
       const RingLookup cur = next;
-      if (item + gridDim.x < items) next = ring_lookup(a, item + gridDim.x);
+      if (item + gridDim.x < items) next = ring_lookup(a, item + gridDim.x, lane);
       char* slot = sm + s * L::kSlot;
       if (k >= kRingSlots) {
         mbar_wait(&done[s], (parity >> s) & 1u);
@@ -307,7 +300,7 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
     parity ^= 1u << s;
     const RingHeader h = *reinterpret_cast<const RingHeader*>(slot + L::kHead);
     const std::int64_t obase = h.n * a.o_sb + h.hv * a.o_sh + h.split * L::kCB + c0;
-    if (!h.live || h.masked) {  // o = 0 (masked, skipped pool row) or NaN (index >= P)
+    if (!h.live || h.step == 0.f) {  // o = 0 (masked, skipped pool row) or NaN (index >= P)
       if (warp == 0) {
         const float f = h.live || h.fill ? 0.f : __int_as_float(0x7fc00000);
         store4_from_float(a.o, obase, DT, a.vec_o, make_float4(f, f, f, f));
