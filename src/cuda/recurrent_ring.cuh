@@ -34,9 +34,10 @@
 // or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
 // slot, and fills it with the item kRingSlots later: the expected bytes, the state and the token
 // rows q, k, v (bulk copies), then the item's scalars (gate, beta, mask; loaded one item ahead
-// with its state row) written to the slot's header, then its arrival on the slot's "full"
-// mbarrier (release: the consumers' wait acquires the header). Decode in place: an item is read
-// whole before it is written.
+// with its token rows, one per lane 0, 1, 2) and the rest of the header written to the slot,
+// then the arrivals of those three lanes on the slot's "full" mbarrier (each a release: the
+// consumers' wait acquires the header). Decode in place: an item is read whole before it is
+// written.
 #pragma once
 
 #include <cstdint>
@@ -170,8 +171,8 @@ __device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsign
 }
 
 // The producer warp: fills slot `slot` with the looked-up item (expected bytes, bulk copies of the
-// state rows and the token rows, the header, the arrival on `full`). Not live (pool row skipped
-// or out of range): no copies, only the header.
+// state rows and the token rows, the header, the three arrivals on `full`). Not live (pool row
+// skipped or out of range): no copies, only the header.
 template <int DT>
 __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLookup& x, char* slot,
                                           std::uint64_t* full, std::uint64_t policy, int lane) {
@@ -205,8 +206,7 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
     h->n = it.n;
     h->row = it.row;
   }
-  __syncwarp();  // the lanes' header writes before lane 0's release arrival
-  if (lane == 0) mbar_arrive(full);
+  if (lane < 3) mbar_arrive(full);  // each writer's release arrival (the barrier counts 3)
 }
 
 // The producer warp: once the consumers are done with the slot's item, its rows -> the output
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
 
   if (tid == 0) {
     for (int s = 0; s < kRingSlots; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], 3);  // producer lanes 0, 1, 2 (ring_fill)
       mbar_init(&done[s], NC);
     }
     mbar_init_fence();
