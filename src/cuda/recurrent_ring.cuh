@@ -10,8 +10,9 @@
 // recurrent_ring_applies). Measured (bench/NOTES-gpu.md v36): an SM moves one item in and out per
 // ~4.7 us, ~88 % of the copy rate, with or without the math (loads alone run at the copy rate;
 // stores from registers instead of bulk stores, the slot's read wait, the L2 policies and bulk
-// copies in 4 or 16 pieces changed nothing), which beats the one-token kernel's waves only at
-// about 4 to 12 items per SM (tuning.h, recurrent_ring_preferred).
+// copies in 4 or 16 pieces changed nothing; the next item's state asked of the L2 a period ahead
+// gained 1-4 %, v37), which beats the one-token kernel's waves only at about 5 to 8 items per SM
+// (tuning.h, recurrent_ring_preferred).
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
@@ -32,12 +33,12 @@
 //
 // The producer warp (warp 8) per slot: waits for "done", bulk-stores the item (rows of 512 bytes,
 // or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
-// slot, and fills it with the item kRingSlots later: the expected bytes, the state and the token
-// rows q, k, v (bulk copies), then the item's scalars (gate, beta, mask; loaded one item ahead
-// with its token rows, one per lane 0, 1, 2) and the rest of the header written to the slot,
-// then the arrivals of those three lanes on the slot's "full" mbarrier (each a release: the
-// consumers' wait acquires the header). Decode in place: an item is read whole before it is
-// written.
+// slot, and fills it with the item kRingSlots later (whose state it asked the L2 for when it
+// filled the previous slot): the expected bytes, the state and the token rows q, k, v (bulk
+// copies), then the item's scalars (gate, beta, mask; loaded one item ahead with its token rows,
+// one per lane 0, 1, 2) and the rest of the header written to the slot, then the arrivals of
+// those three lanes on the slot's "full" mbarrier (each a release: the consumers' wait acquires
+// the header). Decode in place: an item is read whole before it is written.
 #pragma once
 
 #include <cstdint>
@@ -272,6 +273,16 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
         __syncwarp();
       }
       ring_fill<DT>(a, cur, slot, &full[s], load_policy, lane);
+      // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
+      // its fill, once its slot frees about a period later, reads from the L2. Measured on the
+      // H200 (bench/NOTES-gpu.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
+      // 28.3-28.6, B = 32 37.9-38.3 | 37.7-37.9, B = 40 47.1-47.3 | 46.9-47.2, B = 64 74.1-74.6 |
+      // 72.1-72.3.
+      if (lane == 0 && item + gridDim.x < items && next.it.row >= 0 && next.it.row < a.P &&
+          a.hin_s2 == L::kCB)
+        prefetch_l2(
+            a.h_in + next.it.row * a.hin_s0 + next.it.hv * a.hin_s1 + next.it.split * L::kCB,
+            L::kState);
       s = s + 1 == kRingSlots ? 0 : s + 1;
     }
     // The last items in flight (at most kRingSlots), in order.
