@@ -50,10 +50,10 @@ static_assert(recurrent_warps_per_block(32 * 8, 1, 128, 128, false, 132) == 4); 
 static_assert(recurrent_warps_per_block(32, 2, 128, 128, false, 132, true) == 4);  // B = 1, T = 2
 static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);    // B = 8, T = 8
 static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);   // B = 32, T = 8
-// The ring kernel (T = 1) at 5 to 8 items per SM: B = 24 and 32 yes, B = 16 and 40 no.
-static_assert(recurrent_ring_preferred(32 * 24, 128, true, 132) &&
+// The ring kernel (T = 1) at 3 to 8 items per SM: B = 16..32 yes, B = 12 and 40 no.
+static_assert(recurrent_ring_preferred(32 * 16, 128, true, 132) &&
               recurrent_ring_preferred(32 * 32, 128, true, 132));
-static_assert(!recurrent_ring_preferred(32 * 16, 128, true, 132) &&
+static_assert(!recurrent_ring_preferred(32 * 12, 128, true, 132) &&
               !recurrent_ring_preferred(32 * 40, 128, true, 132) &&
               !recurrent_ring_preferred(32 * 32, 128, false, 132));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8

@@ -11,7 +11,7 @@
 // ~4.7 us, ~88 % of the copy rate, with or without the math (loads alone run at the copy rate;
 // stores from registers instead of bulk stores, the slot's read wait, the L2 policies and bulk
 // copies in 4 or 16 pieces changed nothing; the next item's state asked of the L2 a period ahead
-// gained 1-4 %, v37), which beats the one-token kernel's waves only at about 5 to 8 items per SM
+// gained 1-4 %, v37), which beats the one-token kernel's waves only at about 3 to 8 items per SM
 // (tuning.h, recurrent_ring_preferred).
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128

@@ -113,13 +113,14 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, bool varlen, bool v_f
 // copy per 512-byte row, which doubles the period (B = 32 75 us). Three harness runs without the
 // producer's L2 read-ahead (v36, v37; us one-token | ring): B = 24 (5.8 items per SM) 30.19 |
 // 30.13, 30.05 | 30.59, 29.81 | 30.38; B = 32 39.12 | 37.79, 39.15 | 38.08, 38.91 | 38.53; B = 40
-// (9.7) 47.02 | 47.10, 47.01 | 47.81, 46.90 | 48.16; with it (v37, the ring alone): B = 24
-// 28.3-28.6, B = 32 37.7-37.9, B = 40 46.9-47.2, B = 64 72.1-72.3. Rule: contiguous items, more
-// than 5 and at most 8 per SM.
+// (9.7) 47.02 | 47.10, 47.01 | 47.81, 46.90 | 48.16; with it (v37; the ring alone: B = 24
+// 28.3-28.6, B = 32 37.7-37.9, B = 40 46.9-47.2, B = 64 72.1-72.3; same process, one-token |
+// ring: B = 16 (3.9) 21.54 | 20.55, B = 24 30.14 | 28.99, B = 32 39.23 | 38.19, B = 40 46.62 |
+// 47.44). Rule: contiguous items, more than 3 and at most 8 per SM.
 constexpr bool recurrent_ring_preferred(std::int64_t heads, std::int64_t dv, bool contiguous,
                                         int sm_count) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
-  return contiguous && items > 5 * sms && items <= 8 * sms;
+  return contiguous && items > 3 * sms && items <= 8 * sms;
 }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
