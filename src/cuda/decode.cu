@@ -453,11 +453,18 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   check(cudaGetLastError(), op, "chunk kernel launch");
 }
 
+// The ring kernel's items are contiguous (one bulk copy each way, as the kernel tests it): state
+// rows of exactly one item's columns, read and (if any) written.
+bool ring_items_contiguous(const RecurrentArgs& a) {
+  constexpr int cb = detail::RingLayout::kCB;
+  return a.hin_s2 == cb && (!a.h_out || a.hout_s2 == cb);
+}
+
 // The ring kernel (recurrent_ring.cuh): one persistent block per SM (at most one per item) on
 // items of 128 value columns.
 void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
                  cudaStream_t stream) {
-  const std::int64_t items = grid_blocks(a, a.N * prob.Hv, prob.Dv / 128, op);
+  const std::int64_t items = grid_blocks(a, a.N * prob.Hv, prob.Dv / detail::RingLayout::kCB, op);
   if (items == 0) return;
   a.prefetch_blocks = a.prefetch_wave = 0;
   // Evict-first state loads unless the load override asks for the default policy.
@@ -498,9 +505,8 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const bool varlen = a.cu_seqlens != nullptr;
   if (recurrent_ring_applies(a.T, varlen, v_first, per_key, prob.Dk, prob.Dv, a.state_bf16,
                              a.h_in != nullptr, a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
-      (path == 5 || (path == 0 && recurrent_ring_preferred(
-                                      heads, prob.Dv,
-                                      a.hin_s2 == 128 && (!a.h_out || a.hout_s2 == 128), sms)))) {
+      (path == 5 ||
+       (path == 0 && recurrent_ring_preferred(heads, prob.Dv, ring_items_contiguous(a), sms)))) {
     launch_ring(a, prob, sms, op, stream);
     return;
   }
