@@ -7,8 +7,8 @@
 // or 128 value columns x three token dtypes x {static items with the first state wait early or
 // late, dynamic items}, 27 kernels); Dv (64, 128, 256), dtypes (but the chunk kernel's) and the
 // fused options are run-time values (read in the per-chunk staging code only); and the ring kernel
-// (recurrent_ring.cuh: one token, k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate; three
-// token dtypes).
+// (recurrent_ring.cuh: 1 to 8 tokens, k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate;
+// three token dtypes).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -51,11 +51,11 @@ static_assert(recurrent_warps_per_block(32, 2, 128, 128, false, 132, true) == 4)
 static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);    // B = 8, T = 8
 static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);   // B = 32, T = 8
 // The ring kernel (T = 1) at 3 to 8 items per SM: B = 16..32 yes, B = 12 and 40 no.
-static_assert(recurrent_ring_preferred(32 * 16, 128, true, 132) &&
-              recurrent_ring_preferred(32 * 32, 128, true, 132));
-static_assert(!recurrent_ring_preferred(32 * 12, 128, true, 132) &&
-              !recurrent_ring_preferred(32 * 40, 128, true, 132) &&
-              !recurrent_ring_preferred(32 * 32, 128, false, 132));
+static_assert(recurrent_ring_preferred(1, 32 * 16, 128, true, 132) &&
+              recurrent_ring_preferred(1, 32 * 32, 128, true, 132));
+static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, 132) &&
+              !recurrent_ring_preferred(1, 32 * 40, 128, true, 132) &&
+              !recurrent_ring_preferred(1, 32 * 32, 128, false, 132));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8
 static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);   // B = 32
 static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);  // B = 128
@@ -503,10 +503,11 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const int sms = sm_count(prob.device_index, op);
   const bool per_key = prob.gate == GateKind::per_key;
   const bool varlen = a.cu_seqlens != nullptr;
-  if (recurrent_ring_applies(a.T, varlen, v_first, per_key, prob.Dk, prob.Dv, a.state_bf16,
-                             a.h_in != nullptr, a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
-      (path == 5 ||
-       (path == 0 && recurrent_ring_preferred(heads, prob.Dv, ring_items_contiguous(a), sms)))) {
+  if (recurrent_ring_applies(a.T, dtype_size(prob.dtype), varlen, v_first, per_key, prob.Dk,
+                             prob.Dv, a.state_bf16, a.h_in != nullptr,
+                             a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
+      (path == 5 || (path == 0 && recurrent_ring_preferred(a.T, heads, prob.Dv,
+                                                           ring_items_contiguous(a), sms)))) {
     launch_ring(a, prob, sms, op, stream);
     return;
   }

@@ -110,36 +110,43 @@ __device__ __forceinline__ void bulk_wait_all() {
 constexpr int kRingSlots = 3;      // item states in flight per block
 constexpr int kRingConsumers = 8;  // consumer warps (16 key rows each)
 
+constexpr int kRingMaxTokens = 8;  // tokens per item (T * input bytes <= 16: kTokBytes below)
+
 // Shared memory of the ring kernel, in bytes: per slot the state [128][128] f32, the raw token
-// rows q [128], k [128], v [128] (512 bytes each, any input dtype) and a header; then the
-// consumers' partial sums (two buffers by item parity) and the mbarriers.
+// rows q [T][128], k [T][128], v [T][128] (the item's columns; any input dtype, at most kTokBytes)
+// and a header; then the consumers' partial sums (two buffers by barrier parity), the token norms
+// (two buffers by item parity) and the mbarriers.
 struct RingLayout {
   static constexpr int kDK = 128, kCB = 128;
-  static constexpr int kState = kDK * kCB * 4;      // 65536
-  static constexpr int kQ = kState;                 // raw q row
-  static constexpr int kK = kQ + 512;               // raw k row
-  static constexpr int kV = kK + 512;               // raw v row (the item's 128 columns)
-  static constexpr int kHead = kV + 512;            // RingHeader
-  static constexpr int kSlot = kHead + 64;          // bytes per slot (a multiple of 16)
-  static constexpr int kPart = kRingSlots * kSlot;  // [2][8 warps][2][128] f32 column partials
+  static constexpr int kState = kDK * kCB * 4;       // 65536
+  static constexpr int kTok = kState;                // raw q rows, then k rows, then v rows
+  static constexpr int kTokBytes = 3 * 8 * kCB * 2;  // 6144: T = 8 of a 16-bit dtype, 4 of f32
+  static constexpr int kHead = kTok + kTokBytes;     // RingHeader
+  static constexpr int kSlot = kHead + 128;          // bytes per slot (a multiple of 128)
+  static constexpr int kPart = kRingSlots * kSlot;   // [2][8 warps][2][128] f32 column partials
   static constexpr int kPartX = kPart + 2 * kRingConsumers * 2 * kCB * 4;  // [2][8] float4
   static constexpr int kBars = kPartX + 2 * kRingConsumers * 16;  // full[slots], done[slots]
   static constexpr int kBytes = kBars + 2 * kRingSlots * 8;
+  // Byte offset in a slot of token t's raw row of q (which = 0), k (1) or v (2).
+  static __device__ __forceinline__ int row(int which, int t, int T, int es) {
+    return kTok + (which * T + t) * kCB * es;
+  }
 };
+static_assert(RingLayout::kSlot % 128 == 0 && RingLayout::kBytes <= 232448);
 
-// An item's scalars, written by the producer before its arrival on the slot's "full" barrier.
+// An item's scalars, written by the producer before its arrivals on the slot's "full" barrier.
 struct RingHeader {
   int live;  // the state row is in [0, P): state copied and stored
   int fill;  // not live: o = 0 (1, a skipped pool row) or NaN (0, an index >= P)
   int hv;
   int split;
-  float a;        // decay exp(g) (after the in-kernel gate)
-  float beta;     // (after the sigmoid)
-  float step;     // 1: the token steps; 0: masked (o = 0, state unchanged)
-  long long n;    // sequence (= batch row)
-  long long row;  // state row
+  long long n;                 // sequence (= batch row)
+  long long row;               // state row
+  float a[kRingMaxTokens];     // decay exp(g) per token (after the in-kernel gate)
+  float beta[kRingMaxTokens];  // (after the sigmoid)
+  float step[kRingMaxTokens];  // 1: the token steps; 0: masked (o = 0, state unchanged)
 };
-static_assert(sizeof(RingHeader) <= 64);
+static_assert(sizeof(RingHeader) <= 128);
 
 // The `dtype` raw row at `raw` (shared memory): 16 values from element i0 (i0 % 8 == 0) as floats.
 __device__ __forceinline__ void ring_row16(const char* raw, int i0, int dtype, float* x) {
@@ -156,7 +163,8 @@ __device__ __forceinline__ void ring_row16(const char* raw, int i0, int dtype, f
 
 // What the producer reads of an item before it fills a slot, looked up one item ahead (the loads'
 // latency then hides behind the wait for the slot): the item, its token rows (v from its first
-// column), and the lane's raw scalar (load_scalars over the warp: lane 0 g, 1 beta, 2 mask).
+// column), and the lane's raw scalar (load_scalars over the warp: lanes [0, T) g, [T, 2T) beta,
+// [2T, 3T) mask).
 struct RingLookup {
   BlockItem it;
   BlockRows rows;
@@ -167,13 +175,13 @@ __device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsign
   RingLookup x;
   x.it = block_item_at(a, item);
   x.rows = block_rows(a, x.it, x.it.split * RingLayout::kCB);
-  load_scalars<false, 1>(a, x.rows, 1, 0, &x.x, lane, 32);
+  load_scalars<false, 1>(a, x.rows, static_cast<int>(a.T), 0, &x.x, lane, 32);
   return x;
 }
 
 // The producer warp: fills slot `slot` with the looked-up item (expected bytes, bulk copies of the
-// state rows and the token rows, the header, the three arrivals on `full`). Not live (pool row
-// skipped or out of range): no copies, only the header.
+// state rows and of the T tokens' q, k, v rows, lane l < 3T copying row l; the header; the 3T
+// arrivals on `full`). Not live (pool row skipped or out of range): no copies, only the header.
 template <int DT>
 __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLookup& x, char* slot,
                                           std::uint64_t* full, std::uint64_t policy, int lane) {
@@ -181,7 +189,8 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
   constexpr int ES = DT == kF32 ? 4 : 2;
   const BlockItem& it = x.it;
   const bool live = it.row >= 0 && it.row < a.P;
-  const unsigned tok = static_cast<unsigned>((2 * L::kDK + L::kCB) * ES);
+  const int T = static_cast<int>(a.T);
+  const unsigned tok = static_cast<unsigned>(3 * T * L::kCB * ES);
   if (lane == 0) mbar_expect_tx(full, live ? static_cast<unsigned>(L::kState) + tok : 0u);
   __syncwarp();
   if (live) {
@@ -193,12 +202,14 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
       for (int r = lane; r < L::kDK; r += 32)
         bulk_copy_hint(slot + r * L::kCB * 4, src + r * a.hin_s2, L::kCB * 4, full, policy);
     }
-    if (lane == 1) bulk_copy(slot + L::kQ, x.rows.q.at(0), L::kDK * ES, full);
-    if (lane == 2) bulk_copy(slot + L::kK, x.rows.k.at(0), L::kDK * ES, full);
-    if (lane == 3) bulk_copy(slot + L::kV, x.rows.v.at(0), L::kCB * ES, full);
+    if (lane < 3 * T) {  // row l: q (l < T), k, v of token l % T
+      const int which = lane / T, t = lane - which * T;
+      const TokenRows& r = which == 0 ? x.rows.q : (which == 1 ? x.rows.k : x.rows.v);
+      bulk_copy(slot + L::row(which, t, T, ES), r.at(t), L::kCB * ES, full);
+    }
   }
   RingHeader* h = reinterpret_cast<RingHeader*>(slot + L::kHead);
-  warp_scalar_store(a, 1, it.hv, x.x, lane, &h->a, &h->beta, &h->step);  // lanes 0, 1, 2
+  warp_scalar_store(a, T, it.hv, x.x, lane, h->a, h->beta, h->step);  // lanes [0, 3T)
   if (lane == 0) {
     h->live = live;
     h->fill = it.row < 0;
@@ -207,18 +218,20 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
     h->n = it.n;
     h->row = it.row;
   }
-  if (lane < 3) mbar_arrive(full);  // each writer's release arrival (the barrier counts 3)
+  if (lane < 3 * T) mbar_arrive(full);  // each writer's release arrival (the barrier counts 3T)
 }
 
 // The producer warp: once the consumers are done with the slot's item, its rows -> the output
 // state (one bulk store, or one per row where the rows are not contiguous), unless nothing is to
-// be written (skipped row, masked token in place, no output state).
+// be written (skipped row, every token masked in place, no output state).
 __device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* slot,
                                            std::uint64_t policy, int lane) {
   using L = RingLayout;
-  const RingHeader h = *reinterpret_cast<const RingHeader*>(slot + L::kHead);
-  if (h.live && a.h_out && !(h.step == 0.f && a.in_place)) {
-    float* dst = a.h_out + h.row * a.hout_s0 + h.hv * a.hout_s1 + h.split * L::kCB;
+  const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
+  bool stepped = false;
+  for (int t = 0; t < a.T; ++t) stepped |= h->step[t] != 0.f;
+  if (h->live && a.h_out && (stepped || !a.in_place)) {
+    float* dst = a.h_out + h->row * a.hout_s0 + h->hv * a.hout_s1 + h->split * L::kCB;
     if (a.hout_s2 == L::kCB) {
       if (lane == 0) bulk_store(dst, slot, L::kState, policy);
     } else {
@@ -228,6 +241,210 @@ __device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* s
     }
   }
   bulk_commit();
+}
+
+// ---- the consumers ----
+
+// A consumer thread's place: the partial-sum buffers (kPart: [2][8 warps][64] float4, by barrier
+// parity pb) and the token-norm buffers (kPartX: [2][8] float4, by parity pn of the live items of
+// several tokens; one token: the partial norms, by pb), its warp and lane.
+struct ConsumerState {
+  float4* part;
+  float4* partx;
+  int pb, pn;
+  int warp, lane;
+};
+
+// Element index in o of token t, this lane's four columns of the item.
+__device__ __forceinline__ std::int64_t ring_o_index(const RecurrentArgs& a, const RingHeader* h,
+                                                     int t, int lane) {
+  return h->n * a.o_sb + t * a.o_st + h->hv * a.o_sh + h->split * RingLayout::kCB + 4 * lane;
+}
+
+// This lane's four columns 4 lane .. 4 lane + 3 of the raw v row at `raw` as floats.
+template <int DT>
+__device__ __forceinline__ float4 ring_v4(const char* raw, int lane) {
+  float v[4];
+  if constexpr (DT == kF32) {
+    unit_to_float(reinterpret_cast<const uint4*>(raw)[lane], kF32, v);
+  } else {
+    const uint2 w = reinterpret_cast<const uint2*>(raw)[lane];
+    const float2 lo = pair_to_float2(w.x, DT), hi = pair_to_float2(w.y, DT);
+    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+  }
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// Sum of the 8 warps' partial column sums in buffer pb: this lane's four columns of k . S (x) and
+// q . S (y).
+__device__ __forceinline__ void ring_column_sums(const ConsumerState& c, float4& sk, float4& sq) {
+  sk = make_float4(0.f, 0.f, 0.f, 0.f), sq = sk;
+#pragma unroll
+  for (int w = 0; w < kRingConsumers; ++w) {
+    const float4* theirs = c.part + (c.pb * kRingConsumers + w) * 64;
+    const float4 x = theirs[c.lane], y = theirs[32 + c.lane];
+    sk = make_float4(sk.x + x.x, sk.y + x.y, sk.z + x.z, sk.w + x.w);
+    sq = make_float4(sq.x + y.x, sq.y + y.y, sq.z + y.z, sq.w + y.w);
+  }
+}
+
+// One token (T = 1), the state read from and written back to the slot. Work of a thread: key rows
+// 16 warp .. 16 warp + 15 of columns 4 lane .. 4 lane + 3 (a warp reads whole 512-byte rows of the
+// slot: no bank conflicts), 64 floats in registers: its partial column sums (and the warp's
+// partial ||k||^2, ||q||^2, k . q) into shared memory; named barrier 1 over the consumers; each
+// thread sums the 8 warps' partials of its columns, forms u and o (warp 0 stores o), updates its
+// rows in the slot. The partials alternate between two buffers by parity, so one barrier serves.
+template <int DT>
+__device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* slot,
+                                                 const RingHeader* h, ConsumerState& c) {
+  using L = RingLayout;
+  constexpr int ES = DT == kF32 ? 4 : 2, NC = kRingConsumers * 32;
+  const int warp = c.warp, lane = c.lane, r0 = 16 * warp;
+  if (h->step[0] == 0.f) {  // masked: o = 0, the state unchanged
+    if (warp == 0)
+      store4_from_float(a.o, ring_o_index(a, h, 0, lane), DT, a.vec_o,
+                        make_float4(0.f, 0.f, 0.f, 0.f));
+    return;
+  }
+  float4 st[16];
+  float4* rows = reinterpret_cast<float4*>(slot) + r0 * (L::kCB / 4) + lane;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) st[i] = rows[i * (L::kCB / 4)];
+  float kr[16], qr[16];
+  ring_row16(slot + L::row(1, 0, 1, ES), r0, DT, kr);
+  ring_row16(slot + L::row(0, 0, 1, ES), r0, DT, qr);
+  // Partial column sums over this warp's 16 rows, and the partial norms and k . q.
+  float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
+  float kk = 0.f, qq = 0.f, kq = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    pk.x = fmaf(kr[i], st[i].x, pk.x);
+    pk.y = fmaf(kr[i], st[i].y, pk.y);
+    pk.z = fmaf(kr[i], st[i].z, pk.z);
+    pk.w = fmaf(kr[i], st[i].w, pk.w);
+    pq.x = fmaf(qr[i], st[i].x, pq.x);
+    pq.y = fmaf(qr[i], st[i].y, pq.y);
+    pq.z = fmaf(qr[i], st[i].z, pq.z);
+    pq.w = fmaf(qr[i], st[i].w, pq.w);
+    kk = fmaf(kr[i], kr[i], kk);
+    qq = fmaf(qr[i], qr[i], qq);
+    kq = fmaf(kr[i], qr[i], kq);
+  }
+  float4* mine = c.part + (c.pb * kRingConsumers + warp) * 64;
+  mine[lane] = pk;
+  mine[32 + lane] = pq;
+  if (lane == 0) c.partx[c.pb * kRingConsumers + warp] = make_float4(kk, qq, kq, 0.f);
+  named_barrier_sync(1, NC);
+  float4 sk, sq, sx = make_float4(0.f, 0.f, 0.f, 0.f);
+  ring_column_sums(c, sk, sq);
+#pragma unroll
+  for (int w = 0; w < kRingConsumers; ++w) {
+    const float4 z = c.partx[c.pb * kRingConsumers + w];
+    sx = make_float4(sx.x + z.x, sx.y + z.y, sx.z + z.z, sx.w);
+  }
+  c.pb ^= 1;
+  const float rk = a.qk_l2norm ? 1.f / sqrtf(sx.x + a.eps) : 1.f;
+  const float fq = a.scale * (a.qk_l2norm ? 1.f / sqrtf(sx.y + a.eps) : 1.f);
+  const float dec = h->a[0], be = h->beta[0];
+  const float4 v = ring_v4<DT>(slot + L::row(2, 0, 1, ES), lane);
+  const float ka = dec * rk, qa = dec * fq, kqf = rk * fq * sx.z;
+  const float4 u = make_float4(be * (v.x - ka * sk.x), be * (v.y - ka * sk.y),
+                               be * (v.z - ka * sk.z), be * (v.w - ka * sk.w));
+  if (warp == 0)
+    store4_from_float(a.o, ring_o_index(a, h, 0, lane), DT, a.vec_o,
+                      make_float4(qa * sq.x + kqf * u.x, qa * sq.y + kqf * u.y,
+                                  qa * sq.z + kqf * u.z, qa * sq.w + kqf * u.w));
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float kn = rk * kr[i];
+    rows[i * (L::kCB / 4)] =
+        make_float4(fmaf(dec, st[i].x, kn * u.x), fmaf(dec, st[i].y, kn * u.y),
+                    fmaf(dec, st[i].z, kn * u.z), fmaf(dec, st[i].w, kn * u.w));
+  }
+  fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
+}
+
+// T = 2 .. 8 tokens in order, the thread's 64 state floats (as in ring_consume_one) kept in
+// registers across them and written back to the slot after the last. First warp w < T forms token
+// w's factors (rk, fq, rk fq k . q) over all 128 keys with shuffles; then per token the partial
+// column sums, one named barrier, the sums of the 8 warps' partials, u and o (warp t % 8 stores
+// token t's o), the update. A masked token runs the same steps with decay 1 and u = 0 (o = 0), so
+// that every token of a live item has its barrier: the norm buffers alternate by live item (pn)
+// and a writer of the next-but-one item's norms has passed a barrier of the item between.
+template <int DT>
+__device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char* slot,
+                                                    const RingHeader* h, ConsumerState& c) {
+  using L = RingLayout;
+  constexpr int ES = DT == kF32 ? 4 : 2, NC = kRingConsumers * 32;
+  const int T = static_cast<int>(a.T), warp = c.warp, lane = c.lane, r0 = 16 * warp;
+  float4* norms = c.partx + c.pn * kRingConsumers;
+  c.pn ^= 1;
+  if (warp < T) {  // token `warp`'s factors: the lane's 4 keys, then a butterfly over the warp
+    const float4 k4 = ring_v4<DT>(slot + L::row(1, warp, T, ES), lane);
+    const float4 q4 = ring_v4<DT>(slot + L::row(0, warp, T, ES), lane);
+    float kk = k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w;
+    float qq = q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w;
+    float kq = k4.x * q4.x + k4.y * q4.y + k4.z * q4.z + k4.w * q4.w;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      kk += __shfl_xor_sync(0xffffffffu, kk, off);
+      qq += __shfl_xor_sync(0xffffffffu, qq, off);
+      kq += __shfl_xor_sync(0xffffffffu, kq, off);
+    }
+    const float rk = a.qk_l2norm ? 1.f / sqrtf(kk + a.eps) : 1.f;
+    const float fq = a.scale * (a.qk_l2norm ? 1.f / sqrtf(qq + a.eps) : 1.f);
+    if (lane == 0) norms[warp] = make_float4(rk, fq, rk * fq * kq, 0.f);
+  }
+  float4 st[16];
+  float4* rows = reinterpret_cast<float4*>(slot) + r0 * (L::kCB / 4) + lane;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) st[i] = rows[i * (L::kCB / 4)];
+  for (int t = 0; t < T; ++t) {
+    float kr[16], qr[16];
+    ring_row16(slot + L::row(1, t, T, ES), r0, DT, kr);
+    ring_row16(slot + L::row(0, t, T, ES), r0, DT, qr);
+    float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      pk.x = fmaf(kr[i], st[i].x, pk.x);
+      pk.y = fmaf(kr[i], st[i].y, pk.y);
+      pk.z = fmaf(kr[i], st[i].z, pk.z);
+      pk.w = fmaf(kr[i], st[i].w, pk.w);
+      pq.x = fmaf(qr[i], st[i].x, pq.x);
+      pq.y = fmaf(qr[i], st[i].y, pq.y);
+      pq.z = fmaf(qr[i], st[i].z, pq.z);
+      pq.w = fmaf(qr[i], st[i].w, pq.w);
+    }
+    float4* mine = c.part + (c.pb * kRingConsumers + warp) * 64;
+    mine[lane] = pk;
+    mine[32 + lane] = pq;
+    named_barrier_sync(1, NC);
+    float4 sk, sq;
+    ring_column_sums(c, sk, sq);
+    c.pb ^= 1;
+    const float4 f = norms[t];  // rk, fq, rk fq k . q
+    const bool stepped = h->step[t] != 0.f;
+    const float dec = stepped ? h->a[t] : 1.f, be = stepped ? h->beta[t] : 0.f;
+    const float4 v = ring_v4<DT>(slot + L::row(2, t, T, ES), lane);
+    const float ka = dec * f.x, qa = dec * f.y;
+    const float4 u = make_float4(be * (v.x - ka * sk.x), be * (v.y - ka * sk.y),
+                                 be * (v.z - ka * sk.z), be * (v.w - ka * sk.w));
+    if (warp == (t & (kRingConsumers - 1))) {
+      const float4 o = stepped ? make_float4(qa * sq.x + f.z * u.x, qa * sq.y + f.z * u.y,
+                                             qa * sq.z + f.z * u.z, qa * sq.w + f.z * u.w)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+      store4_from_float(a.o, ring_o_index(a, h, t, lane), DT, a.vec_o, o);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float kn = f.x * kr[i];
+      st[i] = make_float4(fmaf(dec, st[i].x, kn * u.x), fmaf(dec, st[i].y, kn * u.y),
+                          fmaf(dec, st[i].z, kn * u.z), fmaf(dec, st[i].w, kn * u.w));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) rows[i * (L::kCB / 4)] = st[i];
+  fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
 }
 
 // One block per SM (persistent): items blockIdx.x, + gridDim.x, ...; 8 consumer warps and one
@@ -246,7 +463,7 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
 
   if (tid == 0) {
     for (int s = 0; s < kRingSlots; ++s) {
-      mbar_init(&full[s], 3);  // producer lanes 0, 1, 2 (ring_fill)
+      mbar_init(&full[s], 3 * static_cast<unsigned>(a.T));  // producer lanes [0, 3T) (ring_fill)
       mbar_init(&done[s], NC);
     }
     mbar_init_fence();
@@ -300,88 +517,27 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
   }
 
   // The consumers.
-  const int r0 = 16 * warp, c0 = 4 * lane;
-  float4* part = reinterpret_cast<float4*>(sm + L::kPart);    // [2][8][2][32] float4
-  float4* partx = reinterpret_cast<float4*>(sm + L::kPartX);  // [2][8] float4
+  ConsumerState c{reinterpret_cast<float4*>(sm + L::kPart),
+                  reinterpret_cast<float4*>(sm + L::kPartX),
+                  0,
+                  0,
+                  warp,
+                  lane};
   unsigned parity = 0;
-  int s = 0, pb = 0;
+  int s = 0;
   for (unsigned item = blockIdx.x; item < items; item += gridDim.x) {
     char* slot = sm + s * L::kSlot;
     mbar_wait(&full[s], (parity >> s) & 1u);
     parity ^= 1u << s;
-    const RingHeader h = *reinterpret_cast<const RingHeader*>(slot + L::kHead);
-    const std::int64_t obase = h.n * a.o_sb + h.hv * a.o_sh + h.split * L::kCB + c0;
-    if (!h.live || h.step == 0.f) {  // o = 0 (masked, skipped pool row) or NaN (index >= P)
-      if (warp == 0) {
-        const float f = h.live || h.fill ? 0.f : __int_as_float(0x7fc00000);
-        store4_from_float(a.o, obase, DT, a.vec_o, make_float4(f, f, f, f));
-      }
+    const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
+    if (!h->live) {  // o = 0 (skipped pool row) or NaN (index >= P) for every token
+      const float f = h->fill ? 0.f : __int_as_float(0x7fc00000);
+      for (int t = warp; t < a.T; t += kRingConsumers)
+        store4_from_float(a.o, ring_o_index(a, h, t, lane), DT, a.vec_o, make_float4(f, f, f, f));
+    } else if (a.T == 1) {
+      ring_consume_one<DT>(a, slot, h, c);
     } else {
-      float4 st[16];
-      float4* rows = reinterpret_cast<float4*>(slot) + r0 * (L::kCB / 4) + lane;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) st[i] = rows[i * (L::kCB / 4)];
-      float kr[16], qr[16];
-      ring_row16(slot + L::kK, r0, DT, kr);
-      ring_row16(slot + L::kQ, r0, DT, qr);
-      // Partial column sums over this warp's 16 rows, and the partial norms and k . q.
-      float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
-      float kk = 0.f, qq = 0.f, kq = 0.f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        pk.x = fmaf(kr[i], st[i].x, pk.x);
-        pk.y = fmaf(kr[i], st[i].y, pk.y);
-        pk.z = fmaf(kr[i], st[i].z, pk.z);
-        pk.w = fmaf(kr[i], st[i].w, pk.w);
-        pq.x = fmaf(qr[i], st[i].x, pq.x);
-        pq.y = fmaf(qr[i], st[i].y, pq.y);
-        pq.z = fmaf(qr[i], st[i].z, pq.z);
-        pq.w = fmaf(qr[i], st[i].w, pq.w);
-        kk = fmaf(kr[i], kr[i], kk);
-        qq = fmaf(qr[i], qr[i], qq);
-        kq = fmaf(kr[i], qr[i], kq);
-      }
-      float4* mine = part + (pb * kRingConsumers + warp) * 64;
-      mine[lane] = pk;
-      mine[32 + lane] = pq;
-      if (lane == 0) partx[pb * kRingConsumers + warp] = make_float4(kk, qq, kq, 0.f);
-      named_barrier_sync(1, NC);
-      float4 sk = make_float4(0.f, 0.f, 0.f, 0.f), sq = sk, sx = sk;
-#pragma unroll
-      for (int w = 0; w < kRingConsumers; ++w) {
-        const float4* theirs = part + (pb * kRingConsumers + w) * 64;
-        const float4 x = theirs[lane], y = theirs[32 + lane], z = partx[pb * kRingConsumers + w];
-        sk = make_float4(sk.x + x.x, sk.y + x.y, sk.z + x.z, sk.w + x.w);
-        sq = make_float4(sq.x + y.x, sq.y + y.y, sq.z + y.z, sq.w + y.w);
-        sx = make_float4(sx.x + z.x, sx.y + z.y, sx.z + z.z, sx.w);
-      }
-      pb ^= 1;
-      const float rk = a.qk_l2norm ? 1.f / sqrtf(sx.x + a.eps) : 1.f;
-      const float fq = a.scale * (a.qk_l2norm ? 1.f / sqrtf(sx.y + a.eps) : 1.f);
-      const float dec = h.a, be = h.beta;
-      float v[4];
-      if constexpr (DT == kF32) {
-        unit_to_float(reinterpret_cast<const uint4*>(slot + L::kV)[lane], kF32, v);
-      } else {
-        const uint2 w = reinterpret_cast<const uint2*>(slot + L::kV)[lane];
-        const float2 lo = pair_to_float2(w.x, DT), hi = pair_to_float2(w.y, DT);
-        v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-      }
-      const float ka = dec * rk, qa = dec * fq, kqf = rk * fq * sx.z;
-      const float4 u = make_float4(be * (v[0] - ka * sk.x), be * (v[1] - ka * sk.y),
-                                   be * (v[2] - ka * sk.z), be * (v[3] - ka * sk.w));
-      if (warp == 0)
-        store4_from_float(a.o, obase, DT, a.vec_o,
-                          make_float4(qa * sq.x + kqf * u.x, qa * sq.y + kqf * u.y,
-                                      qa * sq.z + kqf * u.z, qa * sq.w + kqf * u.w));
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float kn = rk * kr[i];
-        rows[i * (L::kCB / 4)] =
-            make_float4(fmaf(dec, st[i].x, kn * u.x), fmaf(dec, st[i].y, kn * u.y),
-                        fmaf(dec, st[i].z, kn * u.z), fmaf(dec, st[i].w, kn * u.w));
-      }
-      fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
+      ring_consume_tokens<DT>(a, slot, h, c);
     }
     mbar_arrive(&done[s]);
     s = s + 1 == kRingSlots ? 0 : s + 1;

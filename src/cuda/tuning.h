@@ -92,14 +92,15 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
 }
 
 // The ring kernel (recurrent_ring.cuh: one block per SM, a ring of item states in shared memory
-// filled and drained by the bulk-copy engine) exists for one token per sequence (no varlen) on a
+// filled and drained by the bulk-copy engine) exists for 1 to 8 tokens per sequence whose raw rows
+// fit a slot (T x input bytes <= 16: T <= 8 of 16-bit inputs, T <= 4 of f32; no varlen) on a
 // k-first fp32 state that is read (h_in) with Dk = 128, Dv % 128 == 0, a scalar gate and 16-byte
 // aligned state and token rows.
-constexpr bool recurrent_ring_applies(std::int64_t tokens, bool varlen, bool v_first, bool per_key,
-                                      std::int64_t dk, std::int64_t dv, bool bf16_state,
-                                      bool reads_state, bool rows_aligned) {
-  return tokens == 1 && !varlen && !v_first && !per_key && dk == 128 && dv % 128 == 0 &&
-         !bf16_state && reads_state && rows_aligned;
+constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool varlen,
+                                      bool v_first, bool per_key, std::int64_t dk, std::int64_t dv,
+                                      bool bf16_state, bool reads_state, bool rows_aligned) {
+  return tokens >= 1 && tokens * input_bytes <= 16 && !varlen && !v_first && !per_key &&
+         dk == 128 && dv % 128 == 0 && !bf16_state && reads_state && rows_aligned;
 }
 
 // Where the rules take the ring kernel (when it applies) instead of the one-token kernel. Each SM
@@ -117,10 +118,10 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, bool varlen, bool v_f
 // 28.3-28.6, B = 32 37.7-37.9, B = 40 46.9-47.2, B = 64 72.1-72.3; same process, one-token |
 // ring: B = 16 (3.9) 21.54 | 20.55, B = 24 30.14 | 28.99, B = 32 39.23 | 38.19, B = 40 46.62 |
 // 47.44). Rule: contiguous items, more than 3 and at most 8 per SM.
-constexpr bool recurrent_ring_preferred(std::int64_t heads, std::int64_t dv, bool contiguous,
-                                        int sm_count) {
+constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
+                                        bool contiguous, int sm_count) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
-  return contiguous && items > 3 * sms && items <= 8 * sms;
+  return tokens == 1 && contiguous && items > 3 * sms && items <= 8 * sms;
 }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
