@@ -56,6 +56,14 @@ static_assert(recurrent_ring_preferred(1, 32 * 16, 128, true, 132) &&
 static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 40, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 32, 128, false, 132));
+// With 2 to 5 tokens from B = 12 (2.9 items per SM) on, with 6 from B = 24, never with 7 or 8.
+static_assert(recurrent_ring_preferred(2, 32 * 12, 128, true, 132) &&
+              recurrent_ring_preferred(5, 32 * 256, 128, true, 132) &&
+              !recurrent_ring_preferred(4, 32 * 8, 128, true, 132) &&
+              recurrent_ring_preferred(6, 32 * 24, 128, true, 132) &&
+              !recurrent_ring_preferred(6, 32 * 16, 128, true, 132) &&
+              !recurrent_ring_preferred(7, 32 * 32, 128, true, 132) &&
+              !recurrent_ring_preferred(8, 32 * 32, 128, true, 132));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8
 static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);   // B = 32
 static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);  // B = 128
@@ -87,7 +95,9 @@ static_assert(!recurrent_chunk_preferred(8, false, 32, 132));
 static_assert(recurrent_chunk_preferred(16, false, 32 * 4, 132));
 static_assert(!recurrent_chunk_preferred(16, false, 32 * 2, 132));
 static_assert(recurrent_chunk_preferred(32, false, 32 * 32, 132));
-static_assert(!recurrent_chunk_preferred(4, false, 32 * 32, 132));
+static_assert(recurrent_chunk_preferred(4, false, 32 * 2, 132) &&
+              !recurrent_chunk_preferred(4, false, 32, 132) &&
+              !recurrent_chunk_preferred(3, false, 32 * 32, 132));
 // Its items: 128 columns at B = 8, 16, 32, 256 (waves >= 90 % full or >= 4), 64 at B = 2, 6, 12.
 static_assert(recurrent_chunk_columns(32 * 8, 128, 132) == 128);
 static_assert(recurrent_chunk_columns(32 * 16, 128, 132) == 128);

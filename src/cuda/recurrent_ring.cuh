@@ -1,4 +1,4 @@
-// The ring kernel: the one-token decode step (T = 1) as a copy pipeline. Each block (one per SM,
+// The ring kernel: the decode step of 1 to 8 tokens as a copy pipeline. Each block (one per SM,
 // persistent) keeps a ring of kRingSlots item states in shared memory; a producer warp fills the
 // slots with the bulk-copy engine (cp.async.bulk, completing on an mbarrier per slot) and drains
 // them the same way (bulk stores from shared memory), so that while the consumer warps update one
@@ -6,13 +6,15 @@
 // all the time, as in a copy, instead of the wave-by-wave "load all, compute, store all" of
 // recurrent_one.cuh's blocks (bench/NOTES-gpu.md v28a, v34: at B = 32 its first wave waits ~8 us
 // for 17 MB of state before any store starts). Exists for a k-first fp32 state with Dk = 128,
-// items of 128 value columns (Dv % 128 == 0), a scalar gate and 16-byte aligned rows (tuning.h,
-// recurrent_ring_applies). Measured (bench/NOTES-gpu.md v36): an SM moves one item in and out per
-// ~4.7 us, ~88 % of the copy rate, with or without the math (loads alone run at the copy rate;
-// stores from registers instead of bulk stores, the slot's read wait, the L2 policies and bulk
-// copies in 4 or 16 pieces changed nothing; the next item's state asked of the L2 a period ahead
-// gained 1-4 %, v37), which beats the one-token kernel's waves only at about 3 to 8 items per SM
-// (tuning.h, recurrent_ring_preferred).
+// items of 128 value columns (Dv % 128 == 0), a scalar gate, 16-byte aligned rows and T tokens
+// whose raw q, k, v rows fit a slot (T x input bytes <= 16; tuning.h, recurrent_ring_applies).
+// Measured (bench/NOTES-gpu.md v36): an SM moves one item in and out per ~4.7 us, ~88 % of the
+// copy rate, with or without the math of one token (loads alone run at the copy rate; stores from
+// registers instead of bulk stores, the slot's read wait, the L2 policies and bulk copies in 4 or
+// 16 pieces changed nothing; the next item's state asked of the L2 a period ahead gained 1-4 %,
+// v37), which beats the one-token kernel's waves only at about 3 to 8 items per SM; each further
+// token costs the consumers ~0.5 us per item (v38), hidden behind the copy up to T = 3 and ahead
+// of the staged and chunk kernels up to T = 6 (tuning.h, recurrent_ring_preferred).
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
@@ -20,25 +22,24 @@
 //   u_j    = beta (v_j - a rk (k . S[:, j]))
 //   o_j    = a fq (q . S[:, j]) + u_j rk fq (k . q)
 //   S[i,j] = a S[i, j] + rk k_i u_j
-// (a masked token: o = 0, S unchanged). The two column sums k . S[:, j] and q . S[:, j] are the
-// only reductions over keys.
+// (a masked token: o = 0, S unchanged), token after token. The two column sums k . S[:, j] and
+// q . S[:, j] are the only reductions over keys.
 //
 // Work of a consumer thread (warp w < 8, lane l): key rows 16 w .. 16 w + 15 of columns 4 l ..
 // 4 l + 3 (a warp reads whole 512-byte rows of the slot: no bank conflicts), 64 floats in
-// registers. Per item: its partial column sums (and the warp's partial ||k||^2, ||q||^2, k . q)
-// into shared memory; named barrier 1 over the consumers; each thread sums the 8 warps' partials
-// of its columns, forms u and o (warp 0 stores o), updates its rows in the slot; then it fences
-// (its generic writes before the bulk store's reads) and arrives on the slot's "done" mbarrier.
-// The partials alternate between two buffers by item parity, so one barrier per item serves.
+// registers; per token its partial column sums into shared memory, a named barrier over the
+// consumers, the column sums, u and o (ring_consume_one, ring_consume_tokens); after the item it
+// fences (its generic writes to the slot before the bulk store's reads) and arrives on the slot's
+// "done" mbarrier.
 //
 // The producer warp (warp 8) per slot: waits for "done", bulk-stores the item (rows of 512 bytes,
 // or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
 // slot, and fills it with the item kRingSlots later (whose state it asked the L2 for when it
-// filled the previous slot): the expected bytes, the state and the token rows q, k, v (bulk
-// copies), then the item's scalars (gate, beta, mask; loaded one item ahead with its token rows,
-// one per lane 0, 1, 2) and the rest of the header written to the slot, then the arrivals of
-// those three lanes on the slot's "full" mbarrier (each a release: the consumers' wait acquires
-// the header). Decode in place: an item is read whole before it is written.
+// filled the previous slot): the expected bytes, the state and the T tokens' rows q, k, v (bulk
+// copies), then the item's scalars (gate, beta, mask per token; loaded one item ahead with its
+// token rows, one per lane l < 3T) and the rest of the header written to the slot, then the
+// arrivals of those 3T lanes on the slot's "full" mbarrier (each a release: the consumers' wait
+// acquires the header). Decode in place: an item is read whole before it is written.
 #pragma once
 
 #include <cstdint>
@@ -123,7 +124,7 @@ struct RingLayout {
   static constexpr int kTokBytes = 3 * 8 * kCB * 2;  // 6144: T = 8 of a 16-bit dtype, 4 of f32
   static constexpr int kHead = kTok + kTokBytes;     // RingHeader
   static constexpr int kSlot = kHead + 128;          // bytes per slot (a multiple of 128)
-  static constexpr int kPart = kRingSlots * kSlot;   // [2][8 warps][2][128] f32 column partials
+  static constexpr int kPart = kRingSlots * kSlot;   // [2][8 warps][2][128] f32 (consumer area)
   static constexpr int kPartX = kPart + 2 * kRingConsumers * 2 * kCB * 4;  // [2][8] float4
   static constexpr int kBars = kPartX + 2 * kRingConsumers * 16;  // full[slots], done[slots]
   static constexpr int kBytes = kBars + 2 * kRingSlots * 8;
@@ -245,9 +246,10 @@ __device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* s
 
 // ---- the consumers ----
 
-// A consumer thread's place: the partial-sum buffers (kPart: [2][8 warps][64] float4, by barrier
-// parity pb) and the token-norm buffers (kPartX: [2][8] float4, by parity pn of the live items of
-// several tokens; one token: the partial norms, by pb), its warp and lane.
+// A consumer thread's place: the partial-sum area (kPart; one token: [2][8 warps][64] float4 by
+// barrier parity pb; several tokens: [8 warps][64] float4, then w [128] f32), the token-norm area
+// (kPartX: several tokens: [2][8] float4 by parity pn of the live items; one token: [2][8] float4
+// of partial norms by pb), its warp and lane.
 struct ConsumerState {
   float4* part;
   float4* partx;
@@ -364,21 +366,42 @@ __device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* s
   fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
 }
 
+// Element i of the raw `DT` row at `raw` (shared memory) as float.
+template <int DT>
+__device__ __forceinline__ float ring_elem(const char* raw, int i) {
+  if constexpr (DT == kF32)
+    return reinterpret_cast<const float*>(raw)[i];
+  else
+    return pair_to_float2(reinterpret_cast<const std::uint16_t*>(raw)[i], DT).x;
+}
+
 // T = 2 .. 8 tokens in order, the thread's 64 state floats (as in ring_consume_one) kept in
-// registers across them and written back to the slot after the last. First warp w < T forms token
-// w's factors (rk, fq, rk fq k . q) over all 128 keys with shuffles; then per token the partial
-// column sums, one named barrier, the sums of the 8 warps' partials, u and o (warp t % 8 stores
-// token t's o), the update. A masked token runs the same steps with decay 1 and u = 0 (o = 0), so
-// that every token of a live item has its barrier: the norm buffers alternate by live item (pn)
-// and a writer of the next-but-one item's norms has passed a barrier of the item between.
+// registers across them and written back to the slot after the last. The decay is applied lazily:
+// the registers hold S~ with S = A S~, A the product of the item's decays so far (folded into the
+// registers whenever it leaves [1e-24, 1e24]), so that a token's update is one FMA per state float:
+//   k . S'[:, j] = A (k . S~[:, j]),  q . S'[:, j] = A (q . S~[:, j])   (S' = a S, A <- a A)
+//   u_j = beta (v_j - rk A (k . S~[:, j])),  o_j = fq A (q . S~[:, j]) + rk fq (k . q) u_j
+//   S~[i, j] += k_i w_j,  w_j = rk u_j / A.
+// First warp w < T forms token w's factors (rk, fq, rk fq k . q) over all 128 keys with shuffles.
+// Then per token: the partial column sums of the thread's rows into shared memory; named barrier;
+// thread j < 128 sums column j's 8 partials of k . S~ and q . S~, forms u_j, stores o_j and writes
+// w_j; named barrier; every thread reads the w of its four columns and updates its rows. A masked
+// token runs the same steps with decay 1 and u = 0 (o = 0), so that every token of a live item has
+// its barriers: the norm buffers alternate by live item (pn) and a writer of the next-but-one
+// item's norms has passed a barrier of the item between. The partials and w need one buffer each:
+// a buffer is written only after the barrier that follows every read of its previous contents.
 template <int DT>
 __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char* slot,
                                                     const RingHeader* h, ConsumerState& c) {
   using L = RingLayout;
   constexpr int ES = DT == kF32 ? 4 : 2, NC = kRingConsumers * 32;
+  constexpr float kLow = 1e-24f, kHigh = 1e24f;  // the range of A kept apart from the registers
   const int T = static_cast<int>(a.T), warp = c.warp, lane = c.lane, r0 = 16 * warp;
+  const int tid = 32 * warp + lane;
   float4* norms = c.partx + c.pn * kRingConsumers;
   c.pn ^= 1;
+  float* part = reinterpret_cast<float*>(c.part);    // [8 warps][k . S~ of 128 columns, q . S~]
+  float* wcol = part + kRingConsumers * 2 * L::kCB;  // [128] w_j
   if (warp < T) {  // token `warp`'s factors: the lane's 4 keys, then a butterfly over the warp
     const float4 k4 = ring_v4<DT>(slot + L::row(1, warp, T, ES), lane);
     const float4 q4 = ring_v4<DT>(slot + L::row(0, warp, T, ES), lane);
@@ -399,7 +422,19 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
   float4* rows = reinterpret_cast<float4*>(slot) + r0 * (L::kCB / 4) + lane;
 #pragma unroll
   for (int i = 0; i < 16; ++i) st[i] = rows[i * (L::kCB / 4)];
+  const std::int64_t ocol = h->n * a.o_sb + h->hv * a.o_sh + h->split * L::kCB + tid;
+  float A = 1.f;
   for (int t = 0; t < T; ++t) {
+    const bool stepped = h->step[t] != 0.f;
+    const float na = A * (stepped ? h->a[t] : 1.f);
+    if (na >= kLow && na <= kHigh) {
+      A = na;
+    } else {  // fold the decay into the registers (the same value in every thread)
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        st[i] = make_float4(na * st[i].x, na * st[i].y, na * st[i].z, na * st[i].w);
+      A = 1.f;
+    }
     float kr[16], qr[16];
     ring_row16(slot + L::row(1, t, T, ES), r0, DT, kr);
     ring_row16(slot + L::row(0, t, T, ES), r0, DT, qr);
@@ -415,35 +450,32 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
       pq.z = fmaf(qr[i], st[i].z, pq.z);
       pq.w = fmaf(qr[i], st[i].w, pq.w);
     }
-    float4* mine = c.part + (c.pb * kRingConsumers + warp) * 64;
-    mine[lane] = pk;
-    mine[32 + lane] = pq;
+    c.part[warp * 64 + lane] = pk;
+    c.part[warp * 64 + 32 + lane] = pq;
     named_barrier_sync(1, NC);
-    float4 sk, sq;
-    ring_column_sums(c, sk, sq);
-    c.pb ^= 1;
-    const float4 f = norms[t];  // rk, fq, rk fq k . q
-    const bool stepped = h->step[t] != 0.f;
-    const float dec = stepped ? h->a[t] : 1.f, be = stepped ? h->beta[t] : 0.f;
-    const float4 v = ring_v4<DT>(slot + L::row(2, t, T, ES), lane);
-    const float ka = dec * f.x, qa = dec * f.y;
-    const float4 u = make_float4(be * (v.x - ka * sk.x), be * (v.y - ka * sk.y),
-                                 be * (v.z - ka * sk.z), be * (v.w - ka * sk.w));
-    if (warp == (t & (kRingConsumers - 1))) {
-      const float4 o = stepped ? make_float4(qa * sq.x + f.z * u.x, qa * sq.y + f.z * u.y,
-                                             qa * sq.z + f.z * u.z, qa * sq.w + f.z * u.w)
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-      store4_from_float(a.o, ring_o_index(a, h, t, lane), DT, a.vec_o, o);
-    }
+    if (tid < L::kCB) {  // column tid
+      float sk = 0.f, sq = 0.f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float kn = f.x * kr[i];
-      st[i] = make_float4(fmaf(dec, st[i].x, kn * u.x), fmaf(dec, st[i].y, kn * u.y),
-                          fmaf(dec, st[i].z, kn * u.z), fmaf(dec, st[i].w, kn * u.w));
+      for (int w = 0; w < kRingConsumers; ++w) {
+        sk += part[w * 2 * L::kCB + tid];
+        sq += part[w * 2 * L::kCB + L::kCB + tid];
+      }
+      const float4 f = norms[t];  // rk, fq, rk fq k . q
+      const float be = stepped ? h->beta[t] : 0.f;
+      const float u = be * (ring_elem<DT>(slot + L::row(2, t, T, ES), tid) - f.x * A * sk);
+      wcol[tid] = f.x * u / A;
+      store_from_float(a.o, ocol + t * a.o_st, DT, stepped ? f.y * A * sq + f.z * u : 0.f);
     }
+    named_barrier_sync(1, NC);
+    const float4 w = reinterpret_cast<const float4*>(wcol)[lane];
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      st[i] = make_float4(fmaf(kr[i], w.x, st[i].x), fmaf(kr[i], w.y, st[i].y),
+                          fmaf(kr[i], w.z, st[i].z), fmaf(kr[i], w.w, st[i].w));
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) rows[i * (L::kCB / 4)] = st[i];
+  for (int i = 0; i < 16; ++i)
+    rows[i * (L::kCB / 4)] = make_float4(A * st[i].x, A * st[i].y, A * st[i].z, A * st[i].w);
   fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
 }
 

@@ -103,25 +103,41 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
          dk == 128 && dv % 128 == 0 && !bf16_state && reads_state && rows_aligned;
 }
 
-// Where the rules take the ring kernel (when it applies) instead of the one-token kernel. Each SM
-// moves one 64 KB item in and out per ~4.7 us whatever the math (without it: the same; loads
-// alone run at the copy rate, so the mixed load / store stream is the limit), ~88 % of the copy
-// rate; the one-token kernel's waves lose more than that only between ~4 and ~12 items per SM.
-// Measured on the H200 (bench/NOTES-gpu.md v36; Hv = 32, Dk = Dv = 128, T = 1, us one-token |
-// ring, same process): B = 8 (1.9 items per SM) 11.1-11.3 | 11.3-11.8, B = 16 (3.9) 21.4 | 21.2,
-// B = 32 (7.8) 39.1-39.2 | 38.1-38.5, B = 64 (15.5) 70.9-71.6 | 75.7-76.0, B = 128 136 | 147,
-// B = 256 265 | 290. An item whose rows are not contiguous (Dv > 128, padded rows) moves as a bulk
-// copy per 512-byte row, which doubles the period (B = 32 75 us). Three harness runs without the
-// producer's L2 read-ahead (v36, v37; us one-token | ring): B = 24 (5.8 items per SM) 30.19 |
-// 30.13, 30.05 | 30.59, 29.81 | 30.38; B = 32 39.12 | 37.79, 39.15 | 38.08, 38.91 | 38.53; B = 40
-// (9.7) 47.02 | 47.10, 47.01 | 47.81, 46.90 | 48.16; with it (v37; the ring alone: B = 24
-// 28.3-28.6, B = 32 37.7-37.9, B = 40 46.9-47.2, B = 64 72.1-72.3; same process, one-token |
-// ring: B = 16 (3.9) 21.54 | 20.55, B = 24 30.14 | 28.99, B = 32 39.23 | 38.19, B = 40 46.62 |
-// 47.44). Rule: contiguous items, more than 3 and at most 8 per SM.
+// Where the rules take the ring kernel (when it applies) instead of the one-token, staged or chunk
+// kernels. Each SM moves one 64 KB item in and out per ~4.7 us whatever the math of one token
+// (without it: the same; loads alone run at the copy rate, so the mixed load / store stream is the
+// limit), ~88 % of the copy rate; at T = 1 the one-token kernel's waves lose more than that only
+// between ~4 and ~12 items per SM. Measured on the H200 (bench/NOTES-gpu.md v36; Hv = 32,
+// Dk = Dv = 128, T = 1, us one-token | ring, same process): B = 8 (1.9 items per SM) 11.1-11.3 |
+// 11.3-11.8, B = 16 (3.9) 21.4 | 21.2, B = 32 (7.8) 39.1-39.2 | 38.1-38.5, B = 64 (15.5) 70.9-71.6
+// | 75.7-76.0, B = 128 136 | 147, B = 256 265 | 290. An item whose rows are not contiguous (Dv >
+// 128, padded rows) moves as a bulk copy per 512-byte row, which doubles the period (B = 32 75 us).
+// Three harness runs without the producer's L2 read-ahead (v36, v37; us one-token | ring): B = 24
+// (5.8 items per SM) 30.19 | 30.13, 30.05 | 30.59, 29.81 | 30.38; B = 32 39.12 | 37.79, 39.15 |
+// 38.08, 38.91 | 38.53; B = 40 (9.7) 47.02 | 47.10, 47.01 | 47.81, 46.90 | 48.16; with it (v37;
+// the ring alone: B = 24 28.3-28.6, B = 32 37.7-37.9, B = 40 46.9-47.2, B = 64 72.1-72.3; same
+// process, one-token | ring: B = 16 (3.9) 21.54 | 20.55, B = 24 30.14 | 28.99, B = 32 39.23 |
+// 38.19, B = 40 46.62 | 47.44). With 2 to 8 tokens (v38; us, the best of the staged and chunk
+// kernels | ring, same process): a token costs the ring ~0.5 us per item and SM, hidden behind
+// the copy up to T = 3 (B = 32: T = 1 38.9, T = 2 39.2, T = 3 39.6, T = 4 40.8, T = 5 42.7, T = 6
+// 45.6, T = 8 53.3), where the staged kernel's waves pay for every token and the chunk kernel's
+// cost is flat (B = 32: 45-47 us at T = 3..8):
+//   T = 2: B = 8 (1.9) 12.67 | 12.98, B = 12 (2.9) 19.56 | 16.41, B = 32 42.99 | 39.20,
+//          B = 256 (62) 280.8 | 274.5;
+//   T = 4: B = 8 13.94 | 15.16, B = 12 21.38 | 19.03, B = 32 45.74 | 40.77, B = 256 286.2 | 279.5;
+//   T = 5: B = 12 21.49 | 20.72, B = 32 46.21 | 42.66, B = 256 289.5 | 280.3;
+//   T = 6: B = 12 21.66 | 22.67, B = 16 (3.9) 27.06 | 27.35, B = 24 (5.8) 36.98 | 36.21, B = 32
+//          46.80 | 45.58, B = 256 293.6 | 291.7;
+//   T = 7: B = 32 47.23 | 49.20, B = 256 293.9 | 314.3 (T = 8: B = 32 46.8 | 53.3).
+// Rule: contiguous items; T = 1 more than 3 and at most 8 items per SM, T = 2..5 more than 2 per
+// SM, T = 6 more than 5 per SM, never from T = 7.
 constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
                                         bool contiguous, int sm_count) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
-  return tokens == 1 && contiguous && items > 3 * sms && items <= 8 * sms;
+  if (!contiguous) return false;
+  if (tokens == 1) return items > 3 * sms && items <= 8 * sms;
+  if (tokens <= 5) return items > 2 * sms;
+  return tokens == 6 && items > 5 * sms;
 }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
@@ -174,11 +190,17 @@ void set_recurrent_chunk_blocks_override(int blocks);
 // With many heads a further chunk of 8 tokens costs the chunk kernel less than the staged one
 // (T = 8 -> 16 at B = 256: +118 against +260 us); with few, more (B = 2: +5.9 against +4.3), so
 // the heads it needs grow with T: T = 8 from 2 sequences (64 heads), T = 16 from 4 (forward only
-// beyond 16: not timed there). Rule: from 8 tokens per sequence (no varlen) and
-// 24 heads >= T x SMs.
+// beyond 16: not timed there). From 4 to 7 tokens (v38) the chunk kernel's one partial chunk
+// costs about what 8 tokens do, against a staged kernel paying per token: T = 3: B = 8 13.41 |
+// 13.86; T = 4: B = 1 5.24 | 6.74, B = 2 6.92 | 6.98, B = 4 9.73 | 9.15, B = 8 14.55 | 13.94;
+// T = 5: B = 1 5.62 | 6.82, B = 2 7.42 | 7.07, B = 4 10.36 | 9.24; T = 6: B = 1 5.95 | 6.90,
+// B = 2 7.86 | 7.18, B = 4 10.95 | 9.34, B = 8 16.59 | 14.27; T = 7: B = 12 27.83 | 22.06.
+// Rule: from 4 tokens per sequence (no varlen) and 24 heads >= max(T, 8) x SMs (where the ring
+// kernel is not preferred, tuning above).
 constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::int64_t heads,
                                          int sm_count) {
-  return !varlen && tokens >= 8 && 24 * heads >= tokens * static_cast<std::int64_t>(sm_count);
+  const std::int64_t t = tokens < 8 ? 8 : tokens;
+  return !varlen && tokens >= 4 && 24 * heads >= t * static_cast<std::int64_t>(sm_count);
 }
 
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).

@@ -6,7 +6,7 @@
 // case runs through every kernel: the staged one (recurrent.cuh) with its usual tile and, on a
 // k-first state with Dk < 256, with its narrow tile, where it applies (one token, k-first
 // state, aligned rows), the one-token kernel (recurrent_one.cuh), and where it applies (k-first
-// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (one token,
+// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (1 to 8 tokens,
 // k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate) the ring kernel (recurrent_ring.cuh),
 // through src/cuda/tuning.h's path override.
 #include <gtest/gtest.h>
@@ -55,9 +55,9 @@ class OverrideScope {
 // tests' grids take the late wait by the rule), 8 and 9 = the chunk kernel on a grid of 3 blocks
 // (several items per block: the persistent loop of large grids, with each next item's state and
 // tokens copied during the current one) with static and with dynamic items; 10 = the ring kernel
-// where it applies (one token, k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate, aligned
-// rows; the rules elsewhere), 11 = the ring kernel on a grid of 2 blocks (several items per block:
-// its slots refilled and reused).
+// where it applies (1 to 8 tokens of 16-bit inputs or 1 to 4 of f32, k-first fp32 state, Dk = 128,
+// Dv % 128 == 0, scalar gate, aligned rows; the rules elsewhere), 11 = the ring kernel on a grid of
+// 2 blocks (several items per block: its slots refilled and reused).
 class PathScope {
  public:
   explicit PathScope(int path) {
@@ -256,6 +256,22 @@ TEST(CudaDecode, MaskDecayStrides) {
       c.layout = layout;
       c.strided = decay != Decay::mild;
       check_decode(c);
+    }
+}
+
+// Several tokens through the ring kernel's lazy decay (recurrent_ring.cuh, ring_consume_tokens:
+// the product of the decays kept apart from the state until it leaves [1e-24, 1e24]; extreme decays
+// of -30 make it leave within an item) with masked tokens, 16-bit inputs up to its 8 tokens and
+// pool rows with a skipped sequence; every other path runs the same cases.
+TEST(CudaDecode, ManyTokensMaskDecay) {
+  REQUIRE_GPU();
+  for (std::int64_t T : {5, 8})
+    for (Decay decay : {Decay::strong, Decay::extreme}) {
+      Case c = decode_case(4, T, 2, 4, 128);
+      c.dtype = T == 8 ? DType::bf16 : DType::f16;
+      c.mask = true;
+      c.decay = decay;
+      check_decode(c, 6, T == 8);
     }
 }
 
