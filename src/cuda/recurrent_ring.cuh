@@ -277,6 +277,24 @@ __device__ __forceinline__ float4 ring_v4(const char* raw, int lane) {
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
+// A thread's partial column sums over its 16 key rows st[i] (4 columns each): pk = k . S, pq =
+// q . S over those rows (kr, qr: the rows' k and q values).
+__device__ __forceinline__ void ring_column_partials(const float* kr, const float* qr,
+                                                     const float4* st, float4& pk, float4& pq) {
+  pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    pk.x = fmaf(kr[i], st[i].x, pk.x);
+    pk.y = fmaf(kr[i], st[i].y, pk.y);
+    pk.z = fmaf(kr[i], st[i].z, pk.z);
+    pk.w = fmaf(kr[i], st[i].w, pk.w);
+    pq.x = fmaf(qr[i], st[i].x, pq.x);
+    pq.y = fmaf(qr[i], st[i].y, pq.y);
+    pq.z = fmaf(qr[i], st[i].z, pq.z);
+    pq.w = fmaf(qr[i], st[i].w, pq.w);
+  }
+}
+
 // Sum of the 8 warps' partial column sums in buffer pb: this lane's four columns of k . S (x) and
 // q . S (y).
 __device__ __forceinline__ void ring_column_sums(const ConsumerState& c, float4& sk, float4& sq) {
@@ -316,18 +334,11 @@ __device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* s
   ring_row16(slot + L::row(1, 0, 1, ES), r0, DT, kr);
   ring_row16(slot + L::row(0, 0, 1, ES), r0, DT, qr);
   // Partial column sums over this warp's 16 rows, and the partial norms and k . q.
-  float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
+  float4 pk, pq;
+  ring_column_partials(kr, qr, st, pk, pq);
   float kk = 0.f, qq = 0.f, kq = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    pk.x = fmaf(kr[i], st[i].x, pk.x);
-    pk.y = fmaf(kr[i], st[i].y, pk.y);
-    pk.z = fmaf(kr[i], st[i].z, pk.z);
-    pk.w = fmaf(kr[i], st[i].w, pk.w);
-    pq.x = fmaf(qr[i], st[i].x, pq.x);
-    pq.y = fmaf(qr[i], st[i].y, pq.y);
-    pq.z = fmaf(qr[i], st[i].z, pq.z);
-    pq.w = fmaf(qr[i], st[i].w, pq.w);
     kk = fmaf(kr[i], kr[i], kk);
     qq = fmaf(qr[i], qr[i], qq);
     kq = fmaf(kr[i], qr[i], kq);
@@ -438,18 +449,8 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
     float kr[16], qr[16];
     ring_row16(slot + L::row(1, t, T, ES), r0, DT, kr);
     ring_row16(slot + L::row(0, t, T, ES), r0, DT, qr);
-    float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      pk.x = fmaf(kr[i], st[i].x, pk.x);
-      pk.y = fmaf(kr[i], st[i].y, pk.y);
-      pk.z = fmaf(kr[i], st[i].z, pk.z);
-      pk.w = fmaf(kr[i], st[i].w, pk.w);
-      pq.x = fmaf(qr[i], st[i].x, pq.x);
-      pq.y = fmaf(qr[i], st[i].y, pq.y);
-      pq.z = fmaf(qr[i], st[i].z, pq.z);
-      pq.w = fmaf(qr[i], st[i].w, pq.w);
-    }
+    float4 pk, pq;
+    ring_column_partials(kr, qr, st, pk, pq);
     c.part[warp * 64 + lane] = pk;
     c.part[warp * 64 + 32 + lane] = pq;
     named_barrier_sync(1, NC);
