@@ -101,6 +101,12 @@ struct RecurrentArgs {
   unsigned* item_counter;
 };
 
+// The state row `row` is one the kernels read and write: in [0, P). A negative row (a skipped pool
+// entry) or one >= P (an index the host could not check) leaves the state untouched.
+__device__ __forceinline__ bool state_row_live(const RecurrentArgs& a, std::int64_t row) {
+  return row >= 0 && row < a.P;
+}
+
 // Read-only (non-coherent, global space) load: lets the compiler batch loads ahead of the
 // shared-memory stores of the staging code.
 __device__ __forceinline__ float ldg_as_float(const void* p, std::int64_t i, int dtype) {
@@ -638,7 +644,7 @@ __device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, 
   const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
   std::int64_t row = nq;
   if (a.state_indices) row = load_index(a.state_indices, row, a.idx_dtype);
-  if (row < 0 || row >= a.P) return;
+  if (!state_row_live(a, row)) return;
   const char* head = reinterpret_cast<const char*>(a.h_in) + eb * (row * a.hin_s0 + hv * a.hin_s1);
   const std::int64_t dv = static_cast<std::int64_t>(a.splits) * cb;
   if (a.hin_s2 == (VFIRST ? DK : dv)) {
@@ -685,7 +691,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 
   // Skipped pool row (negative index): o = 0 for the block's columns, state untouched. An
   // index >= P (device indices are not checked on the host) writes NaN to o, state untouched.
-  if (row < 0 || row >= a.P) {
+  if (!state_row_live(a, row)) {
     const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
     for (std::int64_t e = threadIdx.x; e < len * cb; e += blockDim.x) {
       const std::int64_t t = e / cb;

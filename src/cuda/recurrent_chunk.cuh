@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   // spills there), 64 with static ones.
   using Index = std::conditional_t<DYNAMIC, unsigned, std::int64_t>;
   const Index items = static_cast<Index>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
-  auto live_of = [&](const BlockItem& x) { return x.row >= 0 && x.row < a.P; };
+  auto live_of = [&](const BlockItem& x) { return state_row_live(a, x.row); };
 
   if (tid == 0) {
     mbar_init(&bars[0], 1);

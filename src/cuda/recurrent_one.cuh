@@ -108,14 +108,14 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
   const std::int64_t n = nq;  // batch row (no varlen on this path), token 0
   const int hk = hv / a.group;
-  const int r0 = (lane / CG) * M;                                    // the lane's first key row
+  const int r0 = (lane / CG) * M;                                       // the lane's first key row
   const int c4 = split * nwarps * CW + warp * CW + COLS * (lane % CG);  // its first value column
   const std::int64_t obase = n * a.o_sb + hv * a.o_sh + c4;
 
   std::int64_t row = n;
   if (a.state_indices) row = load_index(a.state_indices, n, a.idx_dtype);
   // Skipped pool row (negative index): o = 0, state untouched; an index >= P writes NaN to o.
-  if (row < 0 || row >= a.P) {
+  if (!state_row_live(a, row)) {
     if (lane < CG) {
       const float fill = row < 0 ? 0.f : __int_as_float(0x7fc00000);
 #pragma unroll

@@ -189,7 +189,7 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
   using L = RingLayout;
   constexpr int ES = DT == kF32 ? 4 : 2;
   const BlockItem& it = x.it;
-  const bool live = it.row >= 0 && it.row < a.P;
+  const bool live = state_row_live(a, it.row);
   const int T = static_cast<int>(a.T);
   const unsigned tok = static_cast<unsigned>(3 * T * L::kCB * ES);
   if (lane == 0) mbar_expect_tx(full, live ? static_cast<unsigned>(L::kState) + tok : 0u);
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
       // H200 (bench/NOTES-gpu.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
       // 28.3-28.6, B = 32 37.9-38.3 | 37.7-37.9, B = 40 47.1-47.3 | 46.9-47.2, B = 64 74.1-74.6 |
       // 72.1-72.3.
-      if (lane == 0 && item + gridDim.x < items && next.it.row >= 0 && next.it.row < a.P &&
+      if (lane == 0 && item + gridDim.x < items && state_row_live(a, next.it.row) &&
           a.hin_s2 == L::kCB)
         prefetch_l2(
             a.h_in + next.it.row * a.hin_s0 + next.it.hv * a.hin_s1 + next.it.split * L::kCB,
