@@ -56,12 +56,12 @@ static_assert(recurrent_ring_preferred(1, 32 * 16, 128, true, 132) &&
 static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 40, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 32, 128, false, 132));
-// With 2 to 5 tokens from B = 12 (2.9 items per SM) on, with 6 from B = 24, never with 7 or 8.
-static_assert(recurrent_ring_preferred(2, 32 * 12, 128, true, 132) &&
+// With 2 to 5 tokens from B = 9 (2.2 items per SM) on, with 6 from B = 21, never with 7 or 8.
+static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, 132) &&
               recurrent_ring_preferred(5, 32 * 256, 128, true, 132) &&
               !recurrent_ring_preferred(4, 32 * 8, 128, true, 132) &&
-              recurrent_ring_preferred(6, 32 * 24, 128, true, 132) &&
-              !recurrent_ring_preferred(6, 32 * 16, 128, true, 132) &&
+              recurrent_ring_preferred(6, 32 * 21, 128, true, 132) &&
+              !recurrent_ring_preferred(6, 32 * 20, 128, true, 132) &&
               !recurrent_ring_preferred(7, 32 * 32, 128, true, 132) &&
               !recurrent_ring_preferred(8, 32 * 32, 128, true, 132));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8
