@@ -56,6 +56,10 @@ static_assert(recurrent_ring_preferred(1, 32 * 16, 128, true, 132) &&
 static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 40, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 32, 128, false, 132));
+// recurrent_ring_applies's bound (T x input bytes <= 16) is what the slot's token area holds.
+static_assert(detail::RingLayout::kTokBytes == 3 * detail::RingLayout::kCB * 16 &&
+              recurrent_ring_applies(8, 2, false, false, false, 128, 128, false, true, true) &&
+              !recurrent_ring_applies(5, 4, false, false, false, 128, 128, false, true, true));
 // With 2 to 5 tokens from B = 9 (2.2 items per SM) on, with 6 from B = 21, never with 7 or 8.
 static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, 132) &&
               recurrent_ring_preferred(5, 32 * 256, 128, true, 132) &&

@@ -119,12 +119,12 @@ constexpr int kRingMaxTokens = 8;  // tokens per item (T * input bytes <= 16: kT
 // (two buffers by item parity) and the mbarriers.
 struct RingLayout {
   static constexpr int kDK = 128, kCB = 128;
-  static constexpr int kState = kDK * kCB * 4;       // 65536
-  static constexpr int kTok = kState;                // raw q rows, then k rows, then v rows
-  static constexpr int kTokBytes = 3 * 8 * kCB * 2;  // 6144: T = 8 of a 16-bit dtype, 4 of f32
-  static constexpr int kHead = kTok + kTokBytes;     // RingHeader
-  static constexpr int kSlot = kHead + 128;          // bytes per slot (a multiple of 128)
-  static constexpr int kPart = kRingSlots * kSlot;   // [2][8 warps][2][128] f32 (consumer area)
+  static constexpr int kState = kDK * kCB * 4;  // 65536
+  static constexpr int kTok = kState;           // raw q rows, then k rows, then v rows
+  static constexpr int kTokBytes = 3 * kRingMaxTokens * kCB * 2;  // 6144: T = 8 of 16-bit, 4 of f32
+  static constexpr int kHead = kTok + kTokBytes;                  // RingHeader
+  static constexpr int kSlot = kHead + 128;         // bytes per slot (a multiple of 128)
+  static constexpr int kPart = kRingSlots * kSlot;  // [2][8 warps][2][128] f32 (consumer area)
   static constexpr int kPartX = kPart + 2 * kRingConsumers * 2 * kCB * 4;  // [2][8] float4
   static constexpr int kBars = kPartX + 2 * kRingConsumers * 16;  // full[slots], done[slots]
   static constexpr int kBytes = kBars + 2 * kRingSlots * 8;
@@ -263,9 +263,10 @@ __device__ __forceinline__ std::int64_t ring_o_index(const RecurrentArgs& a, con
   return h->n * a.o_sb + t * a.o_st + h->hv * a.o_sh + h->split * RingLayout::kCB + 4 * lane;
 }
 
-// This lane's four columns 4 lane .. 4 lane + 3 of the raw v row at `raw` as floats.
+// Elements 4 lane .. 4 lane + 3 of the raw row at `raw` as floats: this lane's four columns of a v
+// row, or four keys of a k or q row.
 template <int DT>
-__device__ __forceinline__ float4 ring_v4(const char* raw, int lane) {
+__device__ __forceinline__ float4 ring_four(const char* raw, int lane) {
   float v[4];
   if constexpr (DT == kF32) {
     unit_to_float(reinterpret_cast<const uint4*>(raw)[lane], kF32, v);
@@ -359,7 +360,7 @@ __device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* s
   const float rk = a.qk_l2norm ? 1.f / sqrtf(sx.x + a.eps) : 1.f;
   const float fq = a.scale * (a.qk_l2norm ? 1.f / sqrtf(sx.y + a.eps) : 1.f);
   const float dec = h->a[0], be = h->beta[0];
-  const float4 v = ring_v4<DT>(slot + L::row(2, 0, 1, ES), lane);
+  const float4 v = ring_four<DT>(slot + L::row(2, 0, 1, ES), lane);
   const float ka = dec * rk, qa = dec * fq, kqf = rk * fq * sx.z;
   const float4 u = make_float4(be * (v.x - ka * sk.x), be * (v.y - ka * sk.y),
                                be * (v.z - ka * sk.z), be * (v.w - ka * sk.w));
@@ -414,8 +415,8 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
   float* part = reinterpret_cast<float*>(c.part);    // [8 warps][k . S~ of 128 columns, q . S~]
   float* wcol = part + kRingConsumers * 2 * L::kCB;  // [128] w_j
   if (warp < T) {  // token `warp`'s factors: the lane's 4 keys, then a butterfly over the warp
-    const float4 k4 = ring_v4<DT>(slot + L::row(1, warp, T, ES), lane);
-    const float4 q4 = ring_v4<DT>(slot + L::row(0, warp, T, ES), lane);
+    const float4 k4 = ring_four<DT>(slot + L::row(1, warp, T, ES), lane);
+    const float4 q4 = ring_four<DT>(slot + L::row(0, warp, T, ES), lane);
     float kk = k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w;
     float qq = q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w;
     float kq = k4.x * q4.x + k4.y * q4.y + k4.z * q4.z + k4.w * q4.w;
