@@ -34,10 +34,11 @@
 //
 // The producer warp (warp 8) per slot: waits for "done", bulk-stores the item (rows of 512 bytes,
 // or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
-// slot, and fills it with the item kRingSlots later (whose state it asked the L2 for when it
-// filled the previous slot): the expected bytes, the state and the T tokens' rows q, k, v (bulk
-// copies), then the item's scalars (gate, beta, mask per token; loaded one item ahead with its
-// token rows, one per lane l < 3T) and the rest of the header written to the slot, then the
+// slot (looking up the item after the one it fills next meanwhile: ring_produce), and fills it
+// with the item kRingSlots later (whose state it asked the L2 for when it filled the previous
+// slot): the expected bytes, the state and the T tokens' rows q, k, v (bulk copies), then the
+// item's scalars (gate, beta, mask per token; loaded one item ahead with its token rows, one per
+// lane l < 3T) and the rest of the header written to the slot, then the
 // arrivals of those 3T lanes on the slot's "full" mbarrier (each a release: the consumers' wait
 // acquires the header). Decode in place: an item is read whole before it is written.
 #pragma once
@@ -481,6 +482,61 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
   fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
 }
 
+// The producer warp's loop. Item k of the block (blockIdx.x + k gridDim.x) goes into slot k %
+// kRingSlots once the slot's previous item (k - kRingSlots) is done, stored and read out of the
+// slot. An item is looked up (its row from state_indices, its scalars: dependent global loads) a
+// period before its fill, while the producer waits for a store to read its slot, so that no load
+// latency lies between that wait and the fill: on the H200 a lookup issued right before the fill
+// held each fill ~1-3 us under the ring's own DRAM traffic (per-block timelines, bench/NOTES-gpu.md
+// v39). The first fill goes out before any other lookup.
+template <int DT>
+__device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, std::uint64_t* full,
+                                             std::uint64_t* done, unsigned items, int lane) {
+  using L = RingLayout;
+  const std::uint64_t load_policy = l2_policy(!a.state_ld_normal);
+  const std::uint64_t store_policy = l2_policy(true);
+  unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
+  int s = 0;
+  RingLookup cur = ring_lookup(a, blockIdx.x, lane), next{};
+  for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+    char* slot = sm + s * L::kSlot;
+    const bool more = item + gridDim.x < items;
+    if (k >= kRingSlots) {
+      mbar_wait(&done[s], (parity >> s) & 1u);
+      parity ^= 1u << s;
+      ring_store(a, slot, store_policy, lane);
+      if (more) next = ring_lookup(a, item + gridDim.x, lane);  // while the store reads the slot
+      bulk_wait_read();
+      __syncwarp();
+      ring_fill<DT>(a, cur, slot, &full[s], load_policy, lane);
+    } else {
+      ring_fill<DT>(a, cur, slot, &full[s], load_policy, lane);
+      if (more) next = ring_lookup(a, item + gridDim.x, lane);
+    }
+    // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
+    // its fill, once its slot frees about a period later, reads from the L2. Measured on the
+    // H200 (bench/NOTES-gpu.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
+    // 28.3-28.6, B = 32 37.9-38.3 | 37.7-37.9, B = 40 47.1-47.3 | 46.9-47.2, B = 64 74.1-74.6 |
+    // 72.1-72.3.
+    if (lane == 0 && more && state_row_live(a, next.it.row) && a.hin_s2 == L::kCB)
+      prefetch_l2(a.h_in + next.it.row * a.hin_s0 + next.it.hv * a.hin_s1 + next.it.split * L::kCB,
+                  L::kState);
+    cur = next;
+    s = s + 1 == kRingSlots ? 0 : s + 1;
+  }
+  // The last items in flight (at most kRingSlots), in order.
+  const unsigned mine = blockIdx.x < items ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;
+  const unsigned tail = mine < kRingSlots ? mine : kRingSlots;
+  s = static_cast<int>((mine - tail) % kRingSlots);  // the slot of the first of them
+  for (unsigned j = 0; j < tail; ++j) {
+    mbar_wait(&done[s], (parity >> s) & 1u);
+    parity ^= 1u << s;
+    ring_store(a, sm + s * L::kSlot, store_policy, lane);
+    s = s + 1 == kRingSlots ? 0 : s + 1;
+  }
+  bulk_wait_all();
+}
+
 // One block per SM (persistent): items blockIdx.x, + gridDim.x, ...; 8 consumer warps and one
 // producer warp. DT: the token dtype.
 template <int DT>
@@ -504,49 +560,8 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
   }
   __syncthreads();
 
-  if (warp == kRingConsumers) {  // the producer
-    const std::uint64_t load_policy = l2_policy(!a.state_ld_normal);
-    const std::uint64_t store_policy = l2_policy(true);
-    unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
-    int s = 0;
-    RingLookup next = ring_lookup(a, blockIdx.x, lane);
-    // Item k goes into slot s = k % kRingSlots once the slot's previous item (k - kRingSlots) is
-    // done, stored and read out of the slot.
-    for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
-      const RingLookup cur = next;
-      if (item + gridDim.x < items) next = ring_lookup(a, item + gridDim.x, lane);
-      char* slot = sm + s * L::kSlot;
-      if (k >= kRingSlots) {
-        mbar_wait(&done[s], (parity >> s) & 1u);
-        parity ^= 1u << s;
-        ring_store(a, slot, store_policy, lane);
-        bulk_wait_read();
-        __syncwarp();
-      }
-      ring_fill<DT>(a, cur, slot, &full[s], load_policy, lane);
-      // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
-      // its fill, once its slot frees about a period later, reads from the L2. Measured on the
-      // H200 (bench/NOTES-gpu.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
-      // 28.3-28.6, B = 32 37.9-38.3 | 37.7-37.9, B = 40 47.1-47.3 | 46.9-47.2, B = 64 74.1-74.6 |
-      // 72.1-72.3.
-      if (lane == 0 && item + gridDim.x < items && state_row_live(a, next.it.row) &&
-          a.hin_s2 == L::kCB)
-        prefetch_l2(
-            a.h_in + next.it.row * a.hin_s0 + next.it.hv * a.hin_s1 + next.it.split * L::kCB,
-            L::kState);
-      s = s + 1 == kRingSlots ? 0 : s + 1;
-    }
-    // The last items in flight (at most kRingSlots), in order.
-    const unsigned mine = blockIdx.x < items ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;
-    const unsigned tail = mine < kRingSlots ? mine : kRingSlots;
-    s = static_cast<int>((mine - tail) % kRingSlots);  // the slot of the first of them
-    for (unsigned j = 0; j < tail; ++j) {
-      mbar_wait(&done[s], (parity >> s) & 1u);
-      parity ^= 1u << s;
-      ring_store(a, sm + s * L::kSlot, store_policy, lane);
-      s = s + 1 == kRingSlots ? 0 : s + 1;
-    }
-    bulk_wait_all();
+  if (warp == kRingConsumers) {
+    ring_produce<DT>(a, sm, full, done, items, lane);
     return;
   }
 
