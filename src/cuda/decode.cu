@@ -60,12 +60,12 @@ static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, 132) &&
 static_assert(detail::RingLayout::kTokBytes == 3 * detail::RingLayout::kCB * 16 &&
               recurrent_ring_applies(8, 2, false, false, false, 128, 128, false, true, true) &&
               !recurrent_ring_applies(5, 4, false, false, false, 128, 128, false, true, true));
-// With 2 to 5 tokens from B = 9 (2.2 items per SM) on, with 6 from B = 21, never with 7 or 8.
+// With 2 to 5 tokens from B = 9 (2.2 items per SM) on, with 6 from B = 13, never with 7 or 8.
 static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, 132) &&
               recurrent_ring_preferred(5, 32 * 256, 128, true, 132) &&
               !recurrent_ring_preferred(4, 32 * 8, 128, true, 132) &&
-              recurrent_ring_preferred(6, 32 * 21, 128, true, 132) &&
-              !recurrent_ring_preferred(6, 32 * 20, 128, true, 132) &&
+              recurrent_ring_preferred(6, 32 * 13, 128, true, 132) &&
+              !recurrent_ring_preferred(6, 32 * 12, 128, true, 132) &&
               !recurrent_ring_preferred(7, 32 * 32, 128, true, 132) &&
               !recurrent_ring_preferred(8, 32 * 32, 128, true, 132));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8

@@ -129,15 +129,21 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
 //   T = 6: B = 12 21.66 | 22.67, B = 16 (3.9) 27.06 | 27.35, B = 24 (5.8) 36.98 | 36.21, B = 32
 //          46.80 | 45.58, B = 256 293.6 | 291.7;
 //   T = 7: B = 32 47.23 | 49.20, B = 256 293.9 | 314.3 (T = 8: B = 32 46.8 | 53.3).
+// With the producer's lookups a period ahead (v39, same process, us staged | one-token | chunk |
+// ring): T = 1: B = 16 23.23 | 21.51 | 26.01 | 19.66, B = 32 40.85 | 39.10 | 44.85 | 38.35, B = 40
+// (9.7) 49.58 | 46.72 | 53.78 | 46.90, B = 48 58.93 | 54.91 | 62.99 | 55.39; T = 6 (chunk | ring):
+// B = 12 21.85 | 21.70, B = 16 27.06 | 26.45, B = 20 35.91 | 31.05, B = 24 36.64 | 35.42, B = 32
+// 46.62 | 44.50, B = 64 83.78 | 79.47, B = 256 292.2 | 288.5; T = 7: B = 24 37.15 | 38.32, B = 32
+// 46.83 | 48.66, B = 256 291.1 | 307.8; T = 8: B = 32 47.06 | 52.74.
 // Rule: contiguous items; T = 1 more than 3 and at most 8 items per SM, T = 2..5 more than 2 per
-// SM, T = 6 more than 5 per SM, never from T = 7.
+// SM, T = 6 more than 3 per SM, never from T = 7.
 constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
                                         bool contiguous, int sm_count) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
   if (!contiguous) return false;
   if (tokens == 1) return items > 3 * sms && items <= 8 * sms;
   if (tokens <= 5) return items > 2 * sms;
-  return tokens == 6 && items > 5 * sms;
+  return tokens == 6 && items > 3 * sms;
 }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
