@@ -48,6 +48,7 @@ struct Options {
   std::string dtype = "bf16";
   std::string layout = "k_first";   // state layout: k_first ([.., Dk, Dv]) or v_first
   std::string state_dtype = "f32";  // the pool's dtype: f32 or bf16 (T = 1, k-first)
+  std::string gate = "scalar";      // scalar (g [B, T, Hv]) or per_key (g [B, T, Hv, Dk])
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
   bool sweep_warps = false;
@@ -68,6 +69,7 @@ struct Shape {
   DType dtype;
   bool v_first = false;     // state layout [.., Dv, Dk] instead of [.., Dk, Dv]
   bool bf16_state = false;  // the pool holds bfloat16
+  bool per_key = false;     // g [B, T, Hv, Dk] (a per-key gate) instead of [B, T, Hv]
   gdr::StateLayout layout() const {
     return v_first ? gdr::StateLayout::v_first : gdr::StateLayout::k_first;
   }
@@ -80,8 +82,9 @@ struct Shape {
   double bytes() const {
     const double es = gdr::dtype_size(dtype);
     return 2.0 * static_cast<double>(state_bytes()) + es * B * T * (2 * Hk * Dk + 2 * Hv * Dv) +
-           4.0 * B * T * Hv * 2;
+           4.0 * B * T * Hv * 2 + 4.0 * static_cast<double>(gate_floats() - B * T * Hv);
   }
+  std::int64_t gate_floats() const { return B * T * Hv * (per_key ? Dk : 1); }
 };
 
 // One input set on the device.
@@ -99,12 +102,12 @@ DeviceSet make_set(const Shape& s, std::uint64_t seed, cudaStream_t st) {
   DeviceSet d;
   const int es = gdr::dtype_size(s.dtype), dt = static_cast<int>(s.dtype);
   const std::int64_t nq = s.B * s.T * s.Hk * s.Dk, nv = s.B * s.T * s.Hv * s.Dv,
-                     ng = s.B * s.T * s.Hv;
+                     ng = s.B * s.T * s.Hv, ngate = s.gate_floats();
   check(cudaMalloc(&d.q, nq * es), "malloc q");
   check(cudaMalloc(&d.k, nq * es), "malloc k");
   check(cudaMalloc(&d.v, nv * es), "malloc v");
   check(cudaMalloc(&d.o, nv * es), "malloc o");
-  check(cudaMalloc(&d.g, ng * 4), "malloc g");
+  check(cudaMalloc(&d.g, ngate * 4), "malloc g");
   check(cudaMalloc(&d.beta, ng * 4), "malloc beta");
   check(cudaMalloc(&d.state, s.state_bytes()), "malloc state");
   // q ~ U(-1, 1), keys unit L2 rows, v ~ U(-1, 1), g ~ -0.2 U(0, 1) (mild), beta ~ U(0, 1),
@@ -113,7 +116,7 @@ DeviceSet make_set(const Shape& s, std::uint64_t seed, cudaStream_t st) {
   check(gdr::bench::fill_unit_rows(d.k, dt, nq / s.Dk, static_cast<int>(s.Dk), seed + 2, st),
         "fill k");
   check(gdr::bench::fill_uniform(d.v, dt, nv, seed + 3, -1.f, 1.f, st), "fill v");
-  check(gdr::bench::fill_uniform(d.g, 0, ng, seed + 4, -0.2f, 0.f, st), "fill g");
+  check(gdr::bench::fill_uniform(d.g, 0, ngate, seed + 4, -0.2f, 0.f, st), "fill g");
   check(gdr::bench::fill_uniform(d.beta, 0, ng, seed + 5, 0.f, 1.f, st), "fill beta");
   check(gdr::bench::fill_uniform(d.state, static_cast<int>(s.state_dtype()), s.state_floats(),
                                  seed + 6, -1.f, 1.f, st),
@@ -130,7 +133,8 @@ gdr::DecodeParams decode_params(const Shape& s, const DeviceSet& d) {
   p.q = view(d.q, s.dtype, {s.B, s.T, s.Hk, s.Dk});
   p.k = view(d.k, s.dtype, {s.B, s.T, s.Hk, s.Dk});
   p.v = view(d.v, s.dtype, {s.B, s.T, s.Hv, s.Dv});
-  p.g = view(d.g, DType::f32, {s.B, s.T, s.Hv});
+  p.g = s.per_key ? view(d.g, DType::f32, {s.B, s.T, s.Hv, s.Dk})
+                  : view(d.g, DType::f32, {s.B, s.T, s.Hv});
   p.beta = view(d.beta, DType::f32, {s.B, s.T, s.Hv});
   p.state = s.v_first ? view(d.state, s.state_dtype(), {s.B, s.Hv, s.Dv, s.Dk})
                       : view(d.state, s.state_dtype(), {s.B, s.Hv, s.Dk, s.Dv});
@@ -177,7 +181,7 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& r) {
 std::pair<double, double> check_against_reference(const Shape& s, const DeviceSet& d,
                                                   cudaStream_t st, const std::string& dump_dir) {
   const std::int64_t Bc = std::min<std::int64_t>(s.B, 4);
-  const Shape c{Bc, s.T, s.Hk, s.Hv, s.Dk, s.Dv, s.dtype, s.v_first, s.bf16_state};
+  const Shape c{Bc, s.T, s.Hk, s.Hv, s.Dk, s.Dv, s.dtype, s.v_first, s.bf16_state, s.per_key};
   // The state as floats (a bf16 pool widened: its values are exact in f32).
   auto state_to_host = [&](const void* p) {
     if (!c.bf16_state) return to_host<float>(p, c.state_floats());
@@ -192,7 +196,7 @@ std::pair<double, double> check_against_reference(const Shape& s, const DeviceSe
   check(cudaStreamSynchronize(st), "sync");
   auto q = to_host<std::uint16_t>(d.q, nq), k = to_host<std::uint16_t>(d.k, nq),
        v = to_host<std::uint16_t>(d.v, nv);
-  auto g = to_host<float>(d.g, ng), beta = to_host<float>(d.beta, ng);
+  auto g = to_host<float>(d.g, c.gate_floats()), beta = to_host<float>(d.beta, ng);
   auto h0 = state_to_host(d.state);
   gdr::ExecConfig cfg;
   cfg.stream = st;
@@ -208,7 +212,8 @@ std::pair<double, double> check_against_reference(const Shape& s, const DeviceSe
   fp.in.q = view(q.data(), s.dtype, {c.B, c.T, c.Hk, c.Dk}, false);
   fp.in.k = view(k.data(), s.dtype, {c.B, c.T, c.Hk, c.Dk}, false);
   fp.in.v = view(v.data(), s.dtype, {c.B, c.T, c.Hv, c.Dv}, false);
-  fp.in.g = view(g.data(), DType::f32, {c.B, c.T, c.Hv}, false);
+  fp.in.g = c.per_key ? view(g.data(), DType::f32, {c.B, c.T, c.Hv, c.Dk}, false)
+                      : view(g.data(), DType::f32, {c.B, c.T, c.Hv}, false);
   fp.in.beta = view(beta.data(), DType::f32, {c.B, c.T, c.Hv}, false);
   const std::int64_t d2 = c.v_first ? c.Dv : c.Dk, d3 = c.v_first ? c.Dk : c.Dv;
   fp.in.h0 = view(h0.data(), DType::f32, {c.B, c.Hv, d2, d3}, false);
@@ -370,6 +375,8 @@ int main(int argc, char** argv) {
   app.add_option("--state-dtype", opt.state_dtype,
                  "the pool's dtype: f32 | bf16 (bf16: one token, k-first; its own bytes count)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--gate", opt.gate, "gate: scalar | per_key")
+      ->check(CLI::IsMember({"scalar", "per_key"}));
   app.add_option("--layout", opt.layout, "state layout: k_first | v_first")
       ->check(CLI::IsMember({"k_first", "v_first"}));
   app.add_option("--reps", opt.reps, "timed graph replays (median)");
@@ -426,7 +433,8 @@ int main(int argc, char** argv) {
                       opt.Dv,
                       dtype,
                       opt.layout == "v_first",
-                      opt.state_dtype == "bf16"};
+                      opt.state_dtype == "bf16",
+                      opt.gate == "per_key"};
         const double set_bytes = s.bytes();
         // Enough sets to cover 3 x L2 (180 MB), at most 64, within a quarter of free memory.
         int ns = static_cast<int>(std::ceil(180e6 / set_bytes));
@@ -550,6 +558,7 @@ int main(int argc, char** argv) {
              {"Dv", opt.Dv},
              {"dtype", opt.dtype},
              {"state", std::string(s.bf16_state ? "bfloat16 " : "float32 ") + opt.layout},
+             {"gate", opt.gate},
              {"gdr_us", us},
              {"bytes", s.bytes()},
              {"gbps", gbps},

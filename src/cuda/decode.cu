@@ -56,10 +56,17 @@ static_assert(recurrent_ring_preferred(1, 32 * 16, 128, true, 132) &&
 static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 40, 128, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 32, 128, false, 132));
-// recurrent_ring_applies's bound (T x input bytes <= 16) is what the slot's token area holds.
-static_assert(detail::RingLayout::kTokBytes == 3 * detail::RingLayout::kCB * 16 &&
+// recurrent_ring_applies's bound (48 bytes per key: T x (3 input bytes + 4 per-key)) is what the
+// slot's token area holds, and the per-key bound is the kernel's kRingMaxKeyTokens.
+static_assert(detail::RingLayout::kTokBytes == 48 * detail::RingLayout::kCB &&
               recurrent_ring_applies(8, 2, false, false, false, 128, 128, false, true, true) &&
-              !recurrent_ring_applies(5, 4, false, false, false, 128, 128, false, true, true));
+              !recurrent_ring_applies(5, 4, false, false, false, 128, 128, false, true, true) &&
+              recurrent_ring_applies(detail::kRingMaxKeyTokens, 2, false, false, true, 128, 128,
+                                     false, true, true) &&
+              !recurrent_ring_applies(detail::kRingMaxKeyTokens + 1, 2, false, false, true, 128,
+                                      128, false, true, true) &&
+              recurrent_ring_applies(3, 4, false, false, true, 128, 128, false, true, true) &&
+              !recurrent_ring_applies(4, 4, false, false, true, 128, 128, false, true, true));
 // With 2 to 5 tokens from B = 9 (2.2 items per SM) on, with 6 from B = 13, never with 7 or 8.
 static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, 132) &&
               recurrent_ring_preferred(5, 32 * 256, 128, true, 132) &&
@@ -492,12 +499,15 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     if (resident <= 0) refuse(op, "the ring kernel does not fit on this device");
     kernel<<<static_cast<unsigned>(persistent_grid(items, resident)), threads, smem, stream>>>(a);
   };
-  if (prob.dtype == DType::bf16)
-    go(detail::recurrent_ring_kernel<detail::kBF16>);
-  else if (prob.dtype == DType::f16)
-    go(detail::recurrent_ring_kernel<detail::kF16>);
-  else
-    go(detail::recurrent_ring_kernel<detail::kF32>);
+  with_bool(prob.gate == GateKind::per_key, [&](auto pk) {
+    constexpr bool PK = decltype(pk)::value;
+    if (prob.dtype == DType::bf16)
+      go(detail::recurrent_ring_kernel<detail::kBF16, PK>);
+    else if (prob.dtype == DType::f16)
+      go(detail::recurrent_ring_kernel<detail::kF16, PK>);
+    else
+      go(detail::recurrent_ring_kernel<detail::kF32, PK>);
+  });
   check(cudaGetLastError(), op, "ring kernel launch");
 }
 

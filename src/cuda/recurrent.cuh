@@ -361,14 +361,15 @@ __device__ __forceinline__ void store_scalars(const RecurrentArgs& a, int cnt, f
   }
 }
 
-// One warp's scalars of `cnt` tokens of a scalar-gate item (load_scalars / store_scalars over
-// the warp's lanes, one each: 3 cnt <= 24 scalars; lane f's raw value x), stored with the value
-// head's fused-gate parameters. The chunk and ring kernels' issuing warps.
+// One warp's scalars of `cnt` tokens of an item (load_scalars / store_scalars over the warp's
+// lanes, one each: 3 cnt <= 24 scalars, per-key 2 cnt: no gate; lane f's raw value x), stored
+// with the value head's fused-gate parameters. The chunk and ring kernels' issuing warps.
+template <bool PERKEY = false>
 __device__ __forceinline__ void warp_scalar_store(const RecurrentArgs& a, int cnt, int hv, float x,
                                                   int lane, float* gs, float* bs, float* ms) {
-  const float A = a.gate_in_kernel && lane < cnt ? -expf(__ldg(a.A_log + hv)) : 0.f;
+  const float A = !PERKEY && a.gate_in_kernel && lane < cnt ? -expf(__ldg(a.A_log + hv)) : 0.f;
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
-  store_scalars<false, 1>(a, cnt, A, dtb, &x, gs, bs, ms, lane, 32);
+  store_scalars<PERKEY, 1>(a, cnt, A, dtb, &x, gs, bs, ms, lane, 32);
 }
 
 // Fast path (a.vec_tok): q, k, v rows (and per-key g rows) move as 16-byte units, two units in

@@ -6,15 +6,18 @@
 // all the time, as in a copy, instead of the wave-by-wave "load all, compute, store all" of
 // recurrent_one.cuh's blocks (bench/NOTES-gpu.md v28a, v34: at B = 32 its first wave waits ~8 us
 // for 17 MB of state before any store starts). Exists for a k-first fp32 state with Dk = 128,
-// items of 128 value columns (Dv % 128 == 0), a scalar gate, 16-byte aligned rows and T tokens
-// whose raw q, k, v rows fit a slot (T x input bytes <= 16; tuning.h, recurrent_ring_applies).
-// Measured (bench/NOTES-gpu.md v36): an SM moves one item in and out per ~4.7 us, ~88 % of the
-// copy rate, with or without the math of one token (loads alone run at the copy rate; stores from
+// items of 128 value columns (Dv % 128 == 0), 16-byte aligned rows and T tokens whose raw q, k, v
+// rows (and per-key g rows) fit a slot (T x (3 input bytes + 4 per-key) <= 48; tuning.h,
+// recurrent_ring_applies). Measured (bench/NOTES-gpu.md v36, v39): in the steady state an SM moves
+// one item in and out per ~4.1 us, the copy rate, with or without the math of one token; what a
+// call loses is the start (the first state lands ~5 us in), the end (an SM's last item takes
+// ~5 us from its fill to the end of its store) and the spread of the SMs' rates (stores from
 // registers instead of bulk stores, the slot's read wait, the L2 policies and bulk copies in 4 or
 // 16 pieces changed nothing; the next item's state asked of the L2 a period ahead gained 1-4 %,
-// v37), which beats the one-token kernel's waves only at about 3 to 8 items per SM; each further
-// token costs the consumers ~0.5 us per item (v38), hidden behind the copy up to T = 3 and ahead
-// of the staged and chunk kernels up to T = 6 (tuning.h, recurrent_ring_preferred).
+// v37; lookups a period ahead 2-3 %, v39), so that it beats the one-token kernel's waves only at
+// about 3 to 8 items per SM; each further token costs the consumers ~0.5 us per item (v38),
+// hidden behind the copy up to T = 3 and ahead of the staged and chunk kernels up to T = 6
+// (tuning.h, recurrent_ring_preferred).
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
@@ -22,8 +25,9 @@
 //   u_j    = beta (v_j - a rk (k . S[:, j]))
 //   o_j    = a fq (q . S[:, j]) + u_j rk fq (k . q)
 //   S[i,j] = a S[i, j] + rk k_i u_j
-// (a masked token: o = 0, S unchanged), token after token. The two column sums k . S[:, j] and
-// q . S[:, j] are the only reductions over keys.
+// (a masked token: o = 0, S unchanged), token after token; with a per-key gate a S is diag(a) S,
+// a = exp(g) per key. The two column sums k . S[:, j] and q . S[:, j] are the only reductions over
+// keys.
 //
 // Work of a consumer thread (warp w < 8, lane l): key rows 16 w .. 16 w + 15 of columns 4 l ..
 // 4 l + 3 (a warp reads whole 512-byte rows of the slot: no bank conflicts), 64 floats in
@@ -113,11 +117,15 @@ constexpr int kRingSlots = 3;      // item states in flight per block
 constexpr int kRingConsumers = 8;  // consumer warps (16 key rows each)
 
 constexpr int kRingMaxTokens = 8;  // tokens per item (T * input bytes <= 16: kTokBytes below)
+// Tokens per item with a per-key gate: the slot also holds the T raw g rows (at most 4 bytes per
+// key), so T x (3 input bytes + 4) <= 48 (kTokBytes below): 4 tokens of 16-bit inputs, 3 of f32.
+constexpr int kRingMaxKeyTokens = 4;
 
 // Shared memory of the ring kernel, in bytes: per slot the state [128][128] f32, the raw token
-// rows q [T][128], k [T][128], v [T][128] (the item's columns; any input dtype, at most kTokBytes)
-// and a header; then the consumers' partial sums (two buffers by barrier parity), the token norms
-// (two buffers by item parity) and the mbarriers.
+// rows q [T][128], k [T][128], v [T][128] (the item's columns; any input dtype) and with a per-key
+// gate the raw g rows [T][128] (at most kTokBytes in all), and a header; then the consumers'
+// partial sums (two buffers by barrier parity), the token norms (two buffers by item parity) and
+// the mbarriers.
 struct RingLayout {
   static constexpr int kDK = 128, kCB = 128;
   static constexpr int kState = kDK * kCB * 4;  // 65536
@@ -133,6 +141,10 @@ struct RingLayout {
   static __device__ __forceinline__ int row(int which, int t, int T, int es) {
     return kTok + (which * T + t) * kCB * es;
   }
+  // Byte offset in a slot of token t's raw per-key g row (g_es bytes per key), after the v rows.
+  static __device__ __forceinline__ int g_row(int t, int T, int es, int g_es) {
+    return kTok + (3 * T * es + t * g_es) * kCB;
+  }
 };
 static_assert(RingLayout::kSlot % 128 == 0 && RingLayout::kBytes <= 232448);
 
@@ -144,7 +156,7 @@ struct RingHeader {
   int split;
   long long n;                 // sequence (= batch row)
   long long row;               // state row
-  float a[kRingMaxTokens];     // decay exp(g) per token (after the in-kernel gate)
+  float a[kRingMaxTokens];     // decay exp(g) per token (after the in-kernel gate; scalar gate)
   float beta[kRingMaxTokens];  // (after the sigmoid)
   float step[kRingMaxTokens];  // 1: the token steps; 0: masked (o = 0, state unchanged)
 };
@@ -165,26 +177,28 @@ __device__ __forceinline__ void ring_row16(const char* raw, int i0, int dtype, f
 
 // What the producer reads of an item before it fills a slot, looked up one item ahead (the loads'
 // latency then hides behind the wait for the slot): the item, its token rows (v from its first
-// column), and the lane's raw scalar (load_scalars over the warp: lanes [0, T) g, [T, 2T) beta,
-// [2T, 3T) mask).
+// column), and the lane's raw scalar (load_scalars over the warp: scalar gate lanes [0, T) g,
+// [T, 2T) beta, [2T, 3T) mask; per-key gate lanes [0, T) beta, [T, 2T) mask).
 struct RingLookup {
   BlockItem it;
   BlockRows rows;
   float x;
 };
 
+template <bool PK>
 __device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsigned item, int lane) {
   RingLookup x;
   x.it = block_item_at(a, item);
   x.rows = block_rows(a, x.it, x.it.split * RingLayout::kCB);
-  load_scalars<false, 1>(a, x.rows, static_cast<int>(a.T), 0, &x.x, lane, 32);
+  load_scalars<PK, 1>(a, x.rows, static_cast<int>(a.T), 0, &x.x, lane, 32);
   return x;
 }
 
 // The producer warp: fills slot `slot` with the looked-up item (expected bytes, bulk copies of the
-// state rows and of the T tokens' q, k, v rows, lane l < 3T copying row l; the header; the 3T
-// arrivals on `full`). Not live (pool row skipped or out of range): no copies, only the header.
-template <int DT>
+// state rows and of the T tokens' q, k, v rows, lane l < 3T copying row l, and per-key the raw g
+// rows, lane 3T + t row t; the header; the 3T arrivals on `full`). Not live (pool row skipped or
+// out of range): no copies, only the header.
+template <int DT, bool PK>
 __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLookup& x, char* slot,
                                           std::uint64_t* full, std::uint64_t policy, int lane) {
   using L = RingLayout;
@@ -192,7 +206,8 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
   const BlockItem& it = x.it;
   const bool live = state_row_live(a, it.row);
   const int T = static_cast<int>(a.T);
-  const unsigned tok = static_cast<unsigned>(3 * T * L::kCB * ES);
+  const int g_es = dtype_bytes(a.g_dtype);
+  const unsigned tok = static_cast<unsigned>((3 * T * ES + (PK ? T * g_es : 0)) * L::kCB);
   if (lane == 0) mbar_expect_tx(full, live ? static_cast<unsigned>(L::kState) + tok : 0u);
   __syncwarp();
   if (live) {
@@ -209,9 +224,13 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
       const TokenRows& r = which == 0 ? x.rows.q : (which == 1 ? x.rows.k : x.rows.v);
       bulk_copy(slot + L::row(which, t, T, ES), r.at(t), L::kCB * ES, full);
     }
+    if (PK && lane >= 3 * T && lane < 4 * T) {  // raw g row of token lane - 3T
+      const int t = lane - 3 * T;
+      bulk_copy(slot + L::g_row(t, T, ES, g_es), x.rows.g.at(t), L::kCB * g_es, full);
+    }
   }
   RingHeader* h = reinterpret_cast<RingHeader*>(slot + L::kHead);
-  warp_scalar_store(a, T, it.hv, x.x, lane, h->a, h->beta, h->step);  // lanes [0, 3T)
+  warp_scalar_store<PK>(a, T, it.hv, x.x, lane, h->a, h->beta, h->step);  // lanes [0, 3T)
   if (lane == 0) {
     h->live = live;
     h->fill = it.row < 0;
@@ -279,6 +298,26 @@ __device__ __forceinline__ float4 ring_four(const char* raw, int lane) {
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
+// A per-key gate: the decays a_i = exp(g_i) (g after the in-kernel gate, -exp(A_log)
+// softplus(g + dt_bias)) of rows r0 .. r0 + 15 of token t, for every lane of the warp: lane l forms
+// row r0 + l % 16's from the slot's raw g row and the warp shares them by shuffles.
+__device__ __forceinline__ void ring_row_decays(const RecurrentArgs& a, const char* slot,
+                                                const RingHeader* h, int t, int T, int es, int r0,
+                                                int lane, float* ar) {
+  const int g_es = dtype_bytes(a.g_dtype), key = r0 + (lane & 15);
+  const char* raw = slot + RingLayout::g_row(t, T, es, g_es);
+  float x = a.g_dtype == kF32
+                ? reinterpret_cast<const float*>(raw)[key]
+                : pair_to_float2(reinterpret_cast<const std::uint16_t*>(raw)[key], a.g_dtype).x;
+  if (a.gate_in_kernel) {
+    const float bias = a.dt_bias ? __ldg(a.dt_bias + h->hv * a.dt_bias_sh + key) : 0.f;
+    x = -expf(__ldg(a.A_log + h->hv)) * softplus(x + bias);
+  }
+  const float d = expf(x);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) ar[i] = __shfl_sync(0xffffffffu, d, i);
+}
+
 // A thread's partial column sums over its 16 key rows st[i] (4 columns each): pk = k . S, pq =
 // q . S over those rows (kr, qr: the rows' k and q values).
 __device__ __forceinline__ void ring_column_partials(const float* kr, const float* qr,
@@ -316,7 +355,9 @@ __device__ __forceinline__ void ring_column_sums(const ConsumerState& c, float4&
 // partial ||k||^2, ||q||^2, k . q) into shared memory; named barrier 1 over the consumers; each
 // thread sums the 8 warps' partials of its columns, forms u and o (warp 0 stores o), updates its
 // rows in the slot. The partials alternate between two buffers by parity, so one barrier serves.
-template <int DT>
+// A per-key gate (PK): the decays a_i of the thread's rows from the slot; k . S' and q . S' as
+// (k_i a_i) . S and (q_i a_i) . S, the update S[i, j] = a_i S[i, j] + rk k_i u_j.
+template <int DT, bool PK>
 __device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* slot,
                                                  const RingHeader* h, ConsumerState& c) {
   using L = RingLayout;
@@ -332,12 +373,20 @@ __device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* s
   float4* rows = reinterpret_cast<float4*>(slot) + r0 * (L::kCB / 4) + lane;
 #pragma unroll
   for (int i = 0; i < 16; ++i) st[i] = rows[i * (L::kCB / 4)];
-  float kr[16], qr[16];
+  float kr[16], qr[16], ar[16];
   ring_row16(slot + L::row(1, 0, 1, ES), r0, DT, kr);
   ring_row16(slot + L::row(0, 0, 1, ES), r0, DT, qr);
+  if constexpr (PK) ring_row_decays(a, slot, h, 0, 1, ES, r0, lane, ar);
   // Partial column sums over this warp's 16 rows, and the partial norms and k . q.
   float4 pk, pq;
-  ring_column_partials(kr, qr, st, pk, pq);
+  if constexpr (PK) {
+    float ka[16], qa[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) ka[i] = kr[i] * ar[i], qa[i] = qr[i] * ar[i];
+    ring_column_partials(ka, qa, st, pk, pq);
+  } else {
+    ring_column_partials(kr, qr, st, pk, pq);
+  }
   float kk = 0.f, qq = 0.f, kq = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -360,7 +409,7 @@ __device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* s
   c.pb ^= 1;
   const float rk = a.qk_l2norm ? 1.f / sqrtf(sx.x + a.eps) : 1.f;
   const float fq = a.scale * (a.qk_l2norm ? 1.f / sqrtf(sx.y + a.eps) : 1.f);
-  const float dec = h->a[0], be = h->beta[0];
+  const float dec = PK ? 1.f : h->a[0], be = h->beta[0];
   const float4 v = ring_four<DT>(slot + L::row(2, 0, 1, ES), lane);
   const float ka = dec * rk, qa = dec * fq, kqf = rk * fq * sx.z;
   const float4 u = make_float4(be * (v.x - ka * sk.x), be * (v.y - ka * sk.y),
@@ -371,10 +420,9 @@ __device__ __forceinline__ void ring_consume_one(const RecurrentArgs& a, char* s
                                   qa * sq.z + kqf * u.z, qa * sq.w + kqf * u.w));
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float kn = rk * kr[i];
-    rows[i * (L::kCB / 4)] =
-        make_float4(fmaf(dec, st[i].x, kn * u.x), fmaf(dec, st[i].y, kn * u.y),
-                    fmaf(dec, st[i].z, kn * u.z), fmaf(dec, st[i].w, kn * u.w));
+    const float kn = rk * kr[i], di = PK ? ar[i] : dec;
+    rows[i * (L::kCB / 4)] = make_float4(fmaf(di, st[i].x, kn * u.x), fmaf(di, st[i].y, kn * u.y),
+                                         fmaf(di, st[i].z, kn * u.z), fmaf(di, st[i].w, kn * u.w));
   }
   fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
 }
@@ -403,7 +451,9 @@ __device__ __forceinline__ float ring_elem(const char* raw, int i) {
 // its barriers: the norm buffers alternate by live item (pn) and a writer of the next-but-one
 // item's norms has passed a barrier of the item between. The partials and w need one buffer each:
 // a buffer is written only after the barrier that follows every read of its previous contents.
-template <int DT>
+// A per-key gate (PK): a stepping token first scales the thread's rows by their decays a_i (from
+// the slot); A stays 1.
+template <int DT, bool PK>
 __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char* slot,
                                                     const RingHeader* h, ConsumerState& c) {
   using L = RingLayout;
@@ -439,7 +489,7 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
   float A = 1.f;
   for (int t = 0; t < T; ++t) {
     const bool stepped = h->step[t] != 0.f;
-    const float na = A * (stepped ? h->a[t] : 1.f);
+    const float na = A * (stepped && !PK ? h->a[t] : 1.f);
     if (na >= kLow && na <= kHigh) {
       A = na;
     } else {  // fold the decay into the registers (the same value in every thread)
@@ -447,6 +497,13 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
       for (int i = 0; i < 16; ++i)
         st[i] = make_float4(na * st[i].x, na * st[i].y, na * st[i].z, na * st[i].w);
       A = 1.f;
+    }
+    if (PK && stepped) {  // S' = diag(a) S
+      float ar[16];
+      ring_row_decays(a, slot, h, t, T, ES, r0, lane, ar);
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        st[i] = make_float4(ar[i] * st[i].x, ar[i] * st[i].y, ar[i] * st[i].z, ar[i] * st[i].w);
     }
     float kr[16], qr[16];
     ring_row16(slot + L::row(1, t, T, ES), r0, DT, kr);
@@ -489,7 +546,7 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
 // latency lies between that wait and the fill: on the H200 a lookup issued right before the fill
 // held each fill ~1-3 us under the ring's own DRAM traffic (per-block timelines, bench/NOTES-gpu.md
 // v39). The first fill goes out before any other lookup.
-template <int DT>
+template <int DT, bool PK>
 __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, std::uint64_t* full,
                                              std::uint64_t* done, unsigned items, int lane) {
   using L = RingLayout;
@@ -497,7 +554,7 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
   const std::uint64_t store_policy = l2_policy(true);
   unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
   int s = 0;
-  RingLookup cur = ring_lookup(a, blockIdx.x, lane), next{};
+  RingLookup cur = ring_lookup<PK>(a, blockIdx.x, lane), next{};
   for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
     char* slot = sm + s * L::kSlot;
     const bool more = item + gridDim.x < items;
@@ -505,13 +562,14 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
       mbar_wait(&done[s], (parity >> s) & 1u);
       parity ^= 1u << s;
       ring_store(a, slot, store_policy, lane);
-      if (more) next = ring_lookup(a, item + gridDim.x, lane);  // while the store reads the slot
+      if (more)
+        next = ring_lookup<PK>(a, item + gridDim.x, lane);  // while the store reads the slot
       bulk_wait_read();
       __syncwarp();
-      ring_fill<DT>(a, cur, slot, &full[s], load_policy, lane);
+      ring_fill<DT, PK>(a, cur, slot, &full[s], load_policy, lane);
     } else {
-      ring_fill<DT>(a, cur, slot, &full[s], load_policy, lane);
-      if (more) next = ring_lookup(a, item + gridDim.x, lane);
+      ring_fill<DT, PK>(a, cur, slot, &full[s], load_policy, lane);
+      if (more) next = ring_lookup<PK>(a, item + gridDim.x, lane);
     }
     // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
     // its fill, once its slot frees about a period later, reads from the L2. Measured on the
@@ -538,8 +596,8 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
 }
 
 // One block per SM (persistent): items blockIdx.x, + gridDim.x, ...; 8 consumer warps and one
-// producer warp. DT: the token dtype.
-template <int DT>
+// producer warp. DT: the token dtype; PK: a per-key gate.
+template <int DT, bool PK>
 __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
     recurrent_ring_kernel(const RecurrentArgs a) {
   using L = RingLayout;
@@ -561,7 +619,7 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
   __syncthreads();
 
   if (warp == kRingConsumers) {
-    ring_produce<DT>(a, sm, full, done, items, lane);
+    ring_produce<DT, PK>(a, sm, full, done, items, lane);
     return;
   }
 
@@ -584,9 +642,9 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
       for (int t = warp; t < a.T; t += kRingConsumers)
         store4_from_float(a.o, ring_o_index(a, h, t, lane), DT, a.vec_o, make_float4(f, f, f, f));
     } else if (a.T == 1) {
-      ring_consume_one<DT>(a, slot, h, c);
+      ring_consume_one<DT, PK>(a, slot, h, c);
     } else {
-      ring_consume_tokens<DT>(a, slot, h, c);
+      ring_consume_tokens<DT, PK>(a, slot, h, c);
     }
     mbar_arrive(&done[s]);
     s = s + 1 == kRingSlots ? 0 : s + 1;

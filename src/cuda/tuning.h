@@ -92,15 +92,16 @@ constexpr int recurrent_chunk_columns(std::int64_t heads, std::int64_t dv, int s
 }
 
 // The ring kernel (recurrent_ring.cuh: one block per SM, a ring of item states in shared memory
-// filled and drained by the bulk-copy engine) exists for 1 to 8 tokens per sequence whose raw rows
-// fit a slot (T x input bytes <= 16: T <= 8 of 16-bit inputs, T <= 4 of f32; no varlen) on a
-// k-first fp32 state that is read (h_in) with Dk = 128, Dv % 128 == 0, a scalar gate and 16-byte
-// aligned state and token rows.
+// filled and drained by the bulk-copy engine) exists for 1 to 8 tokens per sequence whose rows fit
+// a slot's 48 bytes per key (the raw q, k, v rows and, with a per-key gate, the f32 decays:
+// T x (3 input bytes + 4 per-key) <= 48, so T <= 8 of 16-bit inputs and T <= 4 of f32 with a
+// scalar gate, T <= 4 and T <= 3 with a per-key gate; no varlen) on a k-first fp32 state that is
+// read (h_in) with Dk = 128, Dv % 128 == 0 and 16-byte aligned state and token rows.
 constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool varlen,
                                       bool v_first, bool per_key, std::int64_t dk, std::int64_t dv,
                                       bool bf16_state, bool reads_state, bool rows_aligned) {
-  return tokens >= 1 && tokens * input_bytes <= 16 && !varlen && !v_first && !per_key &&
-         dk == 128 && dv % 128 == 0 && !bf16_state && reads_state && rows_aligned;
+  return tokens >= 1 && tokens * (3 * input_bytes + (per_key ? 4 : 0)) <= 48 && !varlen &&
+         !v_first && dk == 128 && dv % 128 == 0 && !bf16_state && reads_state && rows_aligned;
 }
 
 // Where the rules take the ring kernel (when it applies) instead of the one-token, staged or chunk
