@@ -51,11 +51,11 @@ static_assert(recurrent_warps_per_block(32, 2, 128, 128, false, 132, true) == 4)
 static_assert(recurrent_warps_per_block(32 * 8, 8, 128, 128, false, 132) == 4);    // B = 8, T = 8
 static_assert(recurrent_warps_per_block(32 * 32, 8, 128, 128, false, 132) == 8);   // B = 32, T = 8
 // The ring kernel (T = 1) at 3 to 8 items per SM: B = 16..32 yes, B = 12 and 40 no.
-static_assert(recurrent_ring_preferred(1, 32 * 16, 128, true, 132) &&
-              recurrent_ring_preferred(1, 32 * 32, 128, true, 132));
-static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, 132) &&
-              !recurrent_ring_preferred(1, 32 * 40, 128, true, 132) &&
-              !recurrent_ring_preferred(1, 32 * 32, 128, false, 132));
+static_assert(recurrent_ring_preferred(1, 32 * 16, 128, true, false, 132) &&
+              recurrent_ring_preferred(1, 32 * 32, 128, true, false, 132));
+static_assert(!recurrent_ring_preferred(1, 32 * 12, 128, true, false, 132) &&
+              !recurrent_ring_preferred(1, 32 * 40, 128, true, false, 132) &&
+              !recurrent_ring_preferred(1, 32 * 32, 128, false, false, 132));
 // recurrent_ring_applies's bound (48 bytes per key: T x (3 input bytes + 4 per-key)) is what the
 // slot's token area holds, and the per-key bound is the kernel's kRingMaxKeyTokens.
 static_assert(detail::RingLayout::kTokBytes == 48 * detail::RingLayout::kCB &&
@@ -68,13 +68,18 @@ static_assert(detail::RingLayout::kTokBytes == 48 * detail::RingLayout::kCB &&
               recurrent_ring_applies(3, 4, false, false, true, 128, 128, false, true, true) &&
               !recurrent_ring_applies(4, 4, false, false, true, 128, 128, false, true, true));
 // With 2 to 5 tokens from B = 9 (2.2 items per SM) on, with 6 from B = 13, never with 7 or 8.
-static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, 132) &&
-              recurrent_ring_preferred(5, 32 * 256, 128, true, 132) &&
-              !recurrent_ring_preferred(4, 32 * 8, 128, true, 132) &&
-              recurrent_ring_preferred(6, 32 * 13, 128, true, 132) &&
-              !recurrent_ring_preferred(6, 32 * 12, 128, true, 132) &&
-              !recurrent_ring_preferred(7, 32 * 32, 128, true, 132) &&
-              !recurrent_ring_preferred(8, 32 * 32, 128, true, 132));
+static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, false, 132) &&
+              recurrent_ring_preferred(5, 32 * 256, 128, true, false, 132) &&
+              !recurrent_ring_preferred(4, 32 * 8, 128, true, false, 132) &&
+              recurrent_ring_preferred(6, 32 * 13, 128, true, false, 132) &&
+              !recurrent_ring_preferred(6, 32 * 12, 128, true, false, 132) &&
+              !recurrent_ring_preferred(7, 32 * 32, 128, true, false, 132) &&
+              !recurrent_ring_preferred(8, 32 * 32, 128, true, false, 132));
+// A per-key gate: T = 1 at 3 to 16 items per SM (B = 13..66), T = 2..4 from B = 7.
+static_assert(recurrent_ring_preferred(1, 32 * 64, 128, true, true, 132) &&
+              !recurrent_ring_preferred(1, 32 * 67, 128, true, true, 132) &&
+              recurrent_ring_preferred(2, 32 * 7, 128, true, true, 132) &&
+              !recurrent_ring_preferred(4, 32 * 6, 128, true, true, 132));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8
 static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);   // B = 32
 static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);  // B = 128
@@ -530,8 +535,9 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   if (recurrent_ring_applies(a.T, dtype_size(prob.dtype), varlen, v_first, per_key, prob.Dk,
                              prob.Dv, a.state_bf16, a.h_in != nullptr,
                              a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
-      (path == 5 || (path == 0 && recurrent_ring_preferred(a.T, heads, prob.Dv,
-                                                           ring_items_contiguous(a), sms)))) {
+      (path == 5 ||
+       (path == 0 &&
+        recurrent_ring_preferred(a.T, heads, prob.Dv, ring_items_contiguous(a), per_key, sms)))) {
     launch_ring(a, prob, sms, op, stream);
     return;
   }

@@ -136,14 +136,19 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
 // B = 12 21.85 | 21.70, B = 16 27.06 | 26.45, B = 20 35.91 | 31.05, B = 24 36.64 | 35.42, B = 32
 // 46.62 | 44.50, B = 64 83.78 | 79.47, B = 256 292.2 | 288.5; T = 7: B = 24 37.15 | 38.32, B = 32
 // 46.83 | 48.66, B = 256 291.1 | 307.8; T = 8: B = 32 47.06 | 52.74.
-// Rule: contiguous items; T = 1 more than 3 and at most 8 items per SM, T = 2..5 more than 2 per
-// SM, T = 6 more than 3 per SM, never from T = 7.
+// A per-key gate (v39; same process, us one-token or staged | ring; the chunk kernel takes only a
+// scalar gate): T = 1: B = 8 11.59 | 12.18, B = 16 22.53 | 19.83, B = 32 41.87 | 38.61, B = 64
+// (15.5) 75.73 | 71.90; T = 2: B = 8 (1.9) 14.31 | 13.07, B = 16 27.01 | 19.79, B = 32 49.46 |
+// 39.28, B = 64 91.15 | 73.34; T = 4: B = 8 17.21 | 16.07, B = 16 32.59 | 24.19, B = 32 62.58 |
+// 41.68, B = 64 113.6 | 78.22.
+// Rule: contiguous items; T = 1 more than 3 and at most 8 items per SM (per-key at most 16),
+// T = 2..5 more than 2 per SM (per-key more than 1.5), T = 6 more than 3 per SM, never from T = 7.
 constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
-                                        bool contiguous, int sm_count) {
+                                        bool contiguous, bool per_key, int sm_count) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
   if (!contiguous) return false;
-  if (tokens == 1) return items > 3 * sms && items <= 8 * sms;
-  if (tokens <= 5) return items > 2 * sms;
+  if (tokens == 1) return items > 3 * sms && items <= (per_key ? 16 : 8) * sms;
+  if (tokens <= 5) return per_key ? 2 * items > 3 * sms : items > 2 * sms;
   return tokens == 6 && items > 3 * sms;
 }
 

@@ -6,9 +6,9 @@
 // case runs through every kernel: the staged one (recurrent.cuh) with its usual tile and, on a
 // k-first state with Dk < 256, with its narrow tile, where it applies (one token, k-first
 // state, aligned rows), the one-token kernel (recurrent_one.cuh), and where it applies (k-first
-// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (1 to 8 tokens,
-// k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate) the ring kernel (recurrent_ring.cuh),
-// through src/cuda/tuning.h's path override.
+// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (1 to 8 tokens, 1
+// to 4 with a per-key gate, k-first fp32 state, Dk = 128, Dv % 128 == 0) the ring kernel
+// (recurrent_ring.cuh), through src/cuda/tuning.h's path override.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -272,6 +272,25 @@ TEST(CudaDecode, ManyTokensMaskDecay) {
       c.mask = true;
       c.decay = decay;
       check_decode(c, 6, T == 8);
+    }
+}
+
+// A per-key gate through the ring kernel's per-row decays (recurrent_ring.cuh, ring_row_decays:
+// each warp forms its rows' decays from the slot's raw g rows, in-kernel gate included) at its
+// most tokens (4 of bf16, 3 of f32), with masked tokens, strong decays, g in the input dtype, and
+// pool rows with a skipped sequence; every other path runs the same cases.
+TEST(CudaDecode, PerKeyGateTokens) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (bool gate_in_kernel : {false, true}) {
+      Case c = decode_case(4, dtype == DType::bf16 ? 4 : 3, 2, 4, 128);
+      c.gate = GateKind::per_key;
+      c.dtype = dtype;
+      c.mask = true;
+      c.decay = Decay::strong;
+      c.gate_in_kernel = gate_in_kernel;
+      c.gates_in_dtype = dtype == DType::bf16 && !gate_in_kernel;
+      check_decode(c, 6, true);
     }
 }
 
