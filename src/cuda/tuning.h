@@ -109,8 +109,9 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
 // (without it: the same; loads alone run at the copy rate, so the mixed load / store stream is the
 // limit), ~88 % of the copy rate (an average: v39's per-block timelines put the steady state at an
 // item per ~4.1 us, the copy rate, and the rest in the start, the end and the SMs' spread); at
-// T = 1 the one-token kernel's waves lose more than that only between ~4 and ~12 items per SM. Measured on the H200 (bench/NOTES-gpu.md v36; Hv = 32,
-// Dk = Dv = 128, T = 1, us one-token | ring, same process): B = 8 (1.9 items per SM) 11.1-11.3 |
+// T = 1 the one-token kernel's waves lose more than that only between ~4 and ~12 items per SM.
+// Measured on the H200 (bench/NOTES-gpu.md v36; Hv = 32, Dk = Dv = 128, T = 1, us one-token |
+// ring, same process): B = 8 (1.9 items per SM) 11.1-11.3 |
 // 11.3-11.8, B = 16 (3.9) 21.4 | 21.2, B = 32 (7.8) 39.1-39.2 | 38.1-38.5, B = 64 (15.5) 70.9-71.6
 // | 75.7-76.0, B = 128 136 | 147, B = 256 265 | 290. An item whose rows are not contiguous (Dv >
 // 128, padded rows) moves as a bulk copy per 512-byte row, which doubles the period (B = 32 75 us).
