@@ -212,6 +212,14 @@ __device__ __forceinline__ float softplus(float x) {
   return x > 20.f ? x : log1pf(expf(x));
 }
 
+// The decay a = exp(g) of a raw gate value g; with the gate in the kernel, g = A softplus(g +
+// dt_bias[i]) (A = -exp(A_log) of the value head, dtb its dt_bias row or null; dt_bias read only
+// then).
+__device__ __forceinline__ float gate_decay(const RecurrentArgs& a, float A, float g,
+                                            const float* dtb, int i) {
+  return expf(a.gate_in_kernel ? A * softplus(g + (dtb ? __ldg(dtb + i) : 0.f)) : g);
+}
+
 // Compile-time tile of one instantiation (see the header comment). A thread holds M float4:
 //   k-first: CW = 16 (8 at Dk = 256, or NARROW) columns per warp, M = Dk * CW / 128 (4 .. 16);
 //   v-first: LPC = Dk / 32 lanes per column (a 16-byte access per lane covers 4 keys),
@@ -351,8 +359,8 @@ __device__ __forceinline__ void store_scalars(const RecurrentArgs& a, int cnt, f
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     const int f = f0 + j * stride;
-    if (f < s_b) {  // a = exp(g); gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
-      gs[f] = expf(a.gate_in_kernel ? A * softplus(x[j] + (dtb ? __ldg(dtb) : 0.f)) : x[j]);
+    if (f < s_b) {
+      gs[f] = gate_decay(a, A, x[j], dtb, 0);
     } else if (f < s_m) {
       bs[f - s_b] = a.beta_sigmoid ? 1.f / (1.f + expf(-x[j])) : x[j];
     } else if (f < s_end) {
@@ -421,9 +429,7 @@ __device__ __forceinline__ void stage_units(const RecurrentArgs& a, const BlockR
         const int e = f - u_g, i0 = (e & ((1 << lg) - 1)) << lveg;
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-          if (i < n)  // a = exp(g); gate in kernel: g = -exp(A_log) softplus(a + dt_bias)
-            x[i] = expf(a.gate_in_kernel ? A * softplus(x[i] + (dtb ? __ldg(dtb + i0 + i) : 0.f))
-                                         : x[i]);
+          if (i < n) x[i] = gate_decay(a, A, x[i], dtb, i0 + i);
         dst = gs + (e << lveg);
       }
       reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
@@ -460,7 +466,7 @@ __device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const Blo
       const std::int64_t tok = tok0 + e / DK;
       const int i = e % DK;
       const float g = ldg_as_float(a.g, b * a.g_sb + tok * a.g_st + hv * a.g_sh + i, a.g_dtype);
-      gs[e] = expf(a.gate_in_kernel ? A * softplus(g + (dtb ? __ldg(dtb + i) : 0.f)) : g);
+      gs[e] = gate_decay(a, A, g, dtb, i);
     }
   }
   store_scalars<PERKEY>(a, cnt, A, dtb, xs, gs, bs, ms);

@@ -198,9 +198,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
       load_slice<M>(gp, a.g_dtype, gg);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const float x = gg[m];
-        const float d =
-            expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb + r0 + m) : 0.f)) : x);
+        const float d = gate_decay(a, A, gg[m], dtb, r0 + m);
 #pragma unroll
         for (int h = 0; h < NV; ++h) {
           s[m * NV + h].x *= d;
@@ -211,7 +209,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
       }
     } else {
       const float x = bytes_as_float(gp, a.g_dtype);
-      dec = expf(a.gate_in_kernel ? A * softplus(x + (dtb ? __ldg(dtb) : 0.f)) : x);
+      dec = gate_decay(a, A, x, dtb, 0);
     }
 
     auto k_at = [&](int m4) {

@@ -40,9 +40,9 @@
 // or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
 // slot (looking up the item after the one it fills next meanwhile: ring_produce), and fills it
 // with the item kRingSlots later (whose state it asked the L2 for when it filled the previous
-// slot): the expected bytes, the state and the T tokens' rows q, k, v (bulk copies), then the
-// item's scalars (gate, beta, mask per token; loaded one item ahead with its token rows, one per
-// lane l < 3T) and the rest of the header written to the slot, then the
+// slot): the expected bytes, the state and the T tokens' rows q, k, v (and per-key g; bulk
+// copies), then the item's scalars (gate, beta, mask per token; loaded one item ahead with its
+// token rows, one per lane l < 3T) and the rest of the header written to the slot, then the
 // arrivals of those 3T lanes on the slot's "full" mbarrier (each a release: the consumers' wait
 // acquires the header). Decode in place: an item is read whole before it is written.
 #pragma once
@@ -298,22 +298,21 @@ __device__ __forceinline__ float4 ring_four(const char* raw, int lane) {
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-// A per-key gate: the decays a_i = exp(g_i) (g after the in-kernel gate, -exp(A_log)
-// softplus(g + dt_bias)) of rows r0 .. r0 + 15 of token t, for every lane of the warp: lane l forms
-// row r0 + l % 16's from the slot's raw g row and the warp shares them by shuffles.
+// A per-key gate: the decays a_i = exp(g_i) (gate_decay: the in-kernel gate included) of rows
+// r0 .. r0 + 15 of token t, for every lane of the warp: lane l forms row r0 + l % 16's from the
+// slot's raw g row and the warp shares them by shuffles.
 __device__ __forceinline__ void ring_row_decays(const RecurrentArgs& a, const char* slot,
                                                 const RingHeader* h, int t, int T, int es, int r0,
                                                 int lane, float* ar) {
   const int g_es = dtype_bytes(a.g_dtype), key = r0 + (lane & 15);
   const char* raw = slot + RingLayout::g_row(t, T, es, g_es);
-  float x = a.g_dtype == kF32
-                ? reinterpret_cast<const float*>(raw)[key]
-                : pair_to_float2(reinterpret_cast<const std::uint16_t*>(raw)[key], a.g_dtype).x;
-  if (a.gate_in_kernel) {
-    const float bias = a.dt_bias ? __ldg(a.dt_bias + h->hv * a.dt_bias_sh + key) : 0.f;
-    x = -expf(__ldg(a.A_log + h->hv)) * softplus(x + bias);
-  }
-  const float d = expf(x);
+  const float g =
+      a.g_dtype == kF32
+          ? reinterpret_cast<const float*>(raw)[key]
+          : pair_to_float2(reinterpret_cast<const std::uint16_t*>(raw)[key], a.g_dtype).x;
+  const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + h->hv)) : 0.f;
+  const float* dtb = a.dt_bias ? a.dt_bias + h->hv * a.dt_bias_sh : nullptr;
+  const float d = gate_decay(a, A, g, dtb, key);
 #pragma unroll
   for (int i = 0; i < 16; ++i) ar[i] = __shfl_sync(0xffffffffu, d, i);
 }
