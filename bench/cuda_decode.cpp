@@ -82,7 +82,7 @@ struct Shape {
   double bytes() const {
     const double es = gdr::dtype_size(dtype);
     return 2.0 * static_cast<double>(state_bytes()) + es * B * T * (2 * Hk * Dk + 2 * Hv * Dv) +
-           4.0 * B * T * Hv * 2 + 4.0 * static_cast<double>(gate_floats() - B * T * Hv);
+           4.0 * static_cast<double>(gate_floats() + B * T * Hv);  // g and beta, f32
   }
   std::int64_t gate_floats() const { return B * T * Hv * (per_key ? Dk : 1); }
 };
