@@ -60,6 +60,7 @@ struct Options {
   bool load_ab = false;      // also time the one-token kernel's state loads with each cache policy
   bool first_ab = false;     // also time the chunk kernel's first state wait early and late
   bool schedule_ab = false;  // also time the chunk kernel's static and dynamic items
+  bool pdl_ab = false;       // also time plain and programmatic dependent launches
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -392,6 +393,8 @@ int main(int argc, char** argv) {
   app.add_flag("--load-ab", opt.load_ab,
                "also time the one-token kernel's state loads evict-first and with the default "
                "cache policy");
+  app.add_flag("--pdl-ab", opt.pdl_ab,
+               "also time (and check) plain and programmatic dependent launches");
   app.add_flag("--schedule-ab", opt.schedule_ab,
                "also time the chunk kernel's static and dynamic items (each checked)");
   app.add_flag("--first-ab", opt.first_ab,
@@ -526,6 +529,9 @@ int main(int argc, char** argv) {
             opt.first_ab ? override_ab(gdr::cuda::set_recurrent_chunk_first_override,
                                        "first state wait", {{2, "early"}, {1, "late"}}, false)
                          : json::object();
+        const json pdl = opt.pdl_ab ? override_ab(gdr::cuda::set_recurrent_pdl_override, "launch",
+                                                  {{1, "plain"}, {2, "pdl"}}, false)
+                                    : json::object();
         for (int mode : opt.prefetch_modes)
           std::printf("             prefetch mode %d %9.2f us\n", mode,
                       time_with(gdr::cuda::set_recurrent_prefetch_override, mode));
@@ -572,6 +578,7 @@ int main(int argc, char** argv) {
              {"load_policy_us", load_policy},
              {"first_wait_us", first_wait},
              {"schedule_us", schedule},
+             {"launch_us", pdl},
              {"state_copy_same_size_us", copy_us},
              {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

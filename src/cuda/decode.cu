@@ -43,6 +43,31 @@ std::atomic<int> g_chunk_columns_override{0};
 std::atomic<int> g_chunk_first_override{0};
 std::atomic<int> g_chunk_schedule_override{0};
 std::atomic<int> g_chunk_blocks_override{0};
+std::atomic<int> g_pdl_override{0};
+
+// Launches kernel(a) on `grid` blocks; with `pdl`, as a programmatic dependent launch (sm_90:
+// the kernel may start while the previous kernel in the stream drains and waits for it in
+// wait_for_prior_grids before any global memory access).
+void launch_kernel(void (*kernel)(const RecurrentArgs), unsigned grid, unsigned threads,
+                   std::size_t smem, cudaStream_t stream, const RecurrentArgs& a, bool pdl) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  (void)cudaLaunchKernelEx(&config, kernel, a);  // errors: cudaGetLastError after the launch
+}
+
+// Programmatic dependent launches: the rule is on (bench/NOTES-gpu.md, v40: up to 0.3 us less
+// per call at B = 1, the same elsewhere); the override 1 turns them off, 2 on.
+bool pdl_wanted() {
+  return g_pdl_override.load(std::memory_order_relaxed) != 1;
+}
 
 // The launch rule at the benchmarked shapes (Hv = 32, Dk = Dv = 128, k-first, 132 SMs).
 static_assert(recurrent_warps_per_block(32, 1, 128, 128, false, 132) == 1);        // B = 1
@@ -451,7 +476,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const dim3 grid(static_cast<unsigned>(blocks));
     auto launch = [&](auto kernel) {  // its shared memory allowed once per device (cached)
       allow_shared(reinterpret_cast<const void*>(kernel), smem, prob.device_index, op);
-      kernel<<<grid, threads, smem, stream>>>(a);
+      launch_kernel(kernel, grid.x, threads, smem, stream, a, pdl_wanted() && !dynamic);
     };
     if (dynamic)
       launch(detail::recurrent_chunk_kernel<W, DT, true, true>);
@@ -502,7 +527,8 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     allow_shared(k, smem, prob.device_index, op);
     const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the ring kernel does not fit on this device");
-    kernel<<<static_cast<unsigned>(persistent_grid(items, resident)), threads, smem, stream>>>(a);
+    launch_kernel(kernel, static_cast<unsigned>(persistent_grid(items, resident)), threads, smem,
+                  stream, a, pdl_wanted());
   };
   with_bool(prob.gate == GateKind::per_key, [&](auto pk) {
     constexpr bool PK = decltype(pk)::value;
@@ -571,7 +597,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
                                                   smem, prob.device_index, sms, op);
     set_prefetch(a, blocks, resident, one);
     set_load_policy(a, blocks, resident, one);
-    kernel<<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(a);
+    launch_kernel(kernel, static_cast<unsigned>(blocks), warps * 32, smem, stream, a, pdl_wanted());
   };
   with_dim(prob.Dk, [&](auto dk) {
     constexpr int DK = decltype(dk)::value;
@@ -614,6 +640,10 @@ void set_recurrent_warps_override(int warps) {
 
 void set_recurrent_prefetch_override(int mode) {
   g_prefetch_override.store(mode >= 1 && mode <= 3 ? mode : 0);
+}
+
+void set_recurrent_pdl_override(int mode) {
+  g_pdl_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_load_override(int mode) {

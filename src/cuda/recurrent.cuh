@@ -101,6 +101,17 @@ struct RecurrentArgs {
   unsigned* item_counter;
 };
 
+// Programmatic dependent launch (sm_90; the host sets the launch attribute, decode.cu): waits
+// until the grids this one depends on in its stream have completed and their memory is visible,
+// then lets the next grid in the stream launch (its blocks wait here in turn). Every kernel calls
+// it before its first global memory access. Without the attribute both are no-ops.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // The state row `row` is one the kernels read and write: in [0, P). A negative row (a skipped pool
 // entry) or one >= P (an index the host could not check) leaves the state untouched.
 __device__ __forceinline__ bool state_row_live(const RecurrentArgs& a, std::int64_t row) {
@@ -628,25 +639,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// The next wave's state traffic started early (bench/NOTES-gpu.md, v25, v28): block b asks the
-// L2 for the state of block b + a.prefetch_blocks, which the hardware dispatches (blocks go out in
-// index order as resident ones retire) about half a block lifetime later when prefetch_blocks is
-// half a wave. Its loads then hit L2, and the DRAM stays busy while the resident blocks compute
-// instead of waiting on each block's serial load -> compute -> store. In a grid of one to two
-// waves, the first wave's blocks (b < a.prefetch_wave) prefetch the block one wave ahead: the
-// whole second wave. A head whose rows are contiguous ([DK][Dv] k-first or [Dv][DK] v-first, no
-// padding) is prefetched whole, by the block holding its first columns, as one bulk prefetch;
-// otherwise each block prefetches its own rows (k-first: DK rows of cb * eb bytes; v-first: cb
-// rows of DK * eb bytes; eb = bytes per state element). Needs 16-byte aligned rows
-// (RecurrentArgs::vec_in, checked on the host).
+// Asks the L2 for the state of block `blk` (blockIdx order: (n Hv + hv) splits + split; cb
+// columns per block, eb bytes per state element).
 template <int DK, bool VFIRST>
-__device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, int cb, int eb) {
-  const unsigned first = static_cast<unsigned>(a.prefetch_wave);
-  const unsigned ahead = blockIdx.x < first ? first : static_cast<unsigned>(a.prefetch_blocks);
-  const unsigned future = blockIdx.x + ahead;
-  if (ahead == 0 || future >= gridDim.x || !a.h_in) return;
-  const unsigned rest = future / static_cast<unsigned>(a.splits);
-  const int split = static_cast<int>(future - rest * static_cast<unsigned>(a.splits));
+__device__ __forceinline__ void prefetch_state_of(const RecurrentArgs& a, unsigned blk, int cb,
+                                                  int eb) {
+  const unsigned rest = blk / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(blk - rest * static_cast<unsigned>(a.splits));
   const unsigned nq = rest / static_cast<unsigned>(a.Hv);
   const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
   std::int64_t row = nq;
@@ -666,6 +665,26 @@ __device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, 
   }
 }
 
+// The next wave's state traffic started early (bench/NOTES-gpu.md, v25, v28): block b asks the
+// L2 for the state of block b + a.prefetch_blocks, which the hardware dispatches (blocks go out in
+// index order as resident ones retire) about half a block lifetime later when prefetch_blocks is
+// half a wave. Its loads then hit L2, and the DRAM stays busy while the resident blocks compute
+// instead of waiting on each block's serial load -> compute -> store. In a grid of one to two
+// waves, the first wave's blocks (b < a.prefetch_wave) prefetch the block one wave ahead: the
+// whole second wave. A head whose rows are contiguous ([DK][Dv] k-first or [Dv][DK] v-first, no
+// padding) is prefetched whole, by the block holding its first columns, as one bulk prefetch;
+// otherwise each block prefetches its own rows (k-first: DK rows of cb * eb bytes; v-first: cb
+// rows of DK * eb bytes; eb = bytes per state element). Needs 16-byte aligned rows
+// (RecurrentArgs::vec_in, checked on the host).
+template <int DK, bool VFIRST>
+__device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, int cb, int eb) {
+  const unsigned first = static_cast<unsigned>(a.prefetch_wave);
+  const unsigned ahead = blockIdx.x < first ? first : static_cast<unsigned>(a.prefetch_blocks);
+  const unsigned future = blockIdx.x + ahead;
+  if (ahead == 0 || future >= gridDim.x || !a.h_in) return;
+  prefetch_state_of<DK, VFIRST>(a, future, cb, eb);
+}
+
 // Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
 template <int DK, bool VFIRST, bool PERKEY, bool NARROW = false>
 __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a) {
@@ -677,6 +696,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int cb = nwarps * CW;
+  wait_for_prior_grids();
   // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
   const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
   const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));

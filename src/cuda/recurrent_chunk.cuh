@@ -401,6 +401,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   using Index = std::conditional_t<DYNAMIC, unsigned, std::int64_t>;
   const Index items = static_cast<Index>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
   auto live_of = [&](const BlockItem& x) { return state_row_live(a, x.row); };
+  wait_for_prior_grids();
 
   if (tid == 0) {
     mbar_init(&bars[0], 1);

@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(256, 2) recurrent_one_kernel(const RecurrentAr
   static_assert(M % 8 == 0 || M == 4, "k and q slices are 8- or 16-byte units");
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  wait_for_prior_grids();
   // blockIdx.x = (n * Hv + hv) * splits + split; the grid is < 2^31 blocks (host).
   const unsigned bid = blockIdx.x, rest = bid / static_cast<unsigned>(a.splits);
   const int split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));

@@ -607,6 +607,7 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
   std::uint64_t* done = full + kRingSlots;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned items = static_cast<unsigned>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
+  wait_for_prior_grids();
 
   if (tid == 0) {
     for (int s = 0; s < kRingSlots; ++s) {

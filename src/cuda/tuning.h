@@ -270,6 +270,10 @@ constexpr bool recurrent_one_loads_normal(std::int64_t blocks, std::int64_t resi
 // default policy; 0 restores the rule.
 void set_recurrent_load_override(int mode);
 
+// Tests and benchmarks: programmatic dependent launches 1 = off, 2 = on; 0 restores the rule (on).
+// The dynamic chunk schedule (its counter zeroed by a memset just before) is launched plainly.
+void set_recurrent_pdl_override(int mode);
+
 // Tests and benchmarks: the next-wave prefetch 1 = off, 2 = every block prefetches the next
 // block's state whatever the grid (exercises the address arithmetic of both distances);
 // 3 (experiments) = the first wave one wave ahead and the rest half a wave, whatever the kernel,

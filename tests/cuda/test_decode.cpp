@@ -460,6 +460,52 @@ TEST(CudaDecode, GraphReplayOnStream) {
   expect_forward_close(got, ref, forward_tolerance(c), describe(c, d.base.seed) + " graph");
 }
 
+// Several steps on one stream with no host sync between them, each reading the pool the one
+// before wrote, launched plainly (override 1) and as programmatic dependent launches (2, the rule:
+// each kernel may start while the one before drains and waits for it in wait_for_prior_grids
+// before touching memory): the last o and the pool against the reference stepped as often,
+// through every path.
+TEST(CudaDecode, ChainedStepsDependentLaunch) {
+  REQUIRE_GPU();
+  constexpr int kSteps = 4;
+  for (int mode : {1, 2}) {
+    OverrideScope<cuda::set_recurrent_pdl_override> pdl(mode);
+    for (std::int64_t T : {1, 2, 8}) {
+      for (int path : kPaths) {
+        PathScope scope(path);
+        Case c = decode_case(5, T, 2, 4, 128);
+        c.dtype = DType::bf16;
+        DecodeData d = make_decode_problem(c, 7, true);
+        const std::string label = describe(c, d.base.seed) + " chained, pdl mode " +
+                                  std::to_string(mode) + path_name(path);
+        DecodeData stepped = d;
+        ForwardResult ref;
+        for (int i = 0; i < kSteps; ++i) {
+          ref = decode_reference(stepped);
+          stepped.state.from_double(ref.final_state);
+        }
+        d.base.o.poison();
+        DecodeParams host = d.params();
+        DeviceMirror m;
+        DecodeParams p = mirror_decode_params(m, host);
+        cudaStream_t stream;
+        cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+        ExecConfig cfg;
+        cfg.stream = stream;
+        for (int i = 0; i < kSteps; ++i) decode(p, cfg);
+        cuda_check(cudaStreamSynchronize(stream), "sync");
+        cudaStreamDestroy(stream);
+        DeviceMirror::to_host(p.o, host.o);
+        DeviceMirror::to_host(p.state, host.state);
+        ForwardResult got;
+        got.o = d.base.o.to_double();
+        got.final_state = d.state.to_double();
+        expect_forward_close(got, ref, forward_tolerance(c), state_tolerance(c), label);
+      }
+    }
+  }
+}
+
 TEST(CudaDecode, UnsupportedHeadDim) {
   REQUIRE_GPU();
   Case c = decode_case(1, 1, 1, 1, 128);
