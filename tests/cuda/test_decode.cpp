@@ -48,6 +48,21 @@ class OverrideScope {
   OverrideScope(const OverrideScope&) = delete;
   OverrideScope& operator=(const OverrideScope&) = delete;
 };
+
+// A non-blocking stream owned for a test's scope.
+class StreamScope {
+ public:
+  StreamScope() {
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+  }
+  ~StreamScope() { cudaStreamDestroy(stream_); }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_{};
+};
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
 // scalar gate, fp32 state with aligned rows), 5 and 6 = the chunk kernel with items of 128 and
@@ -437,8 +452,8 @@ TEST(CudaDecode, GraphReplayOnStream) {
   DecodeParams host = d.params();
   DeviceMirror m;
   DecodeParams p = mirror_decode_params(m, host);
-  cudaStream_t stream;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  StreamScope owned;
+  const cudaStream_t stream = owned.get();
   ExecConfig cfg;
   cfg.stream = stream;
   cudaGraph_t graph;
@@ -453,7 +468,6 @@ TEST(CudaDecode, GraphReplayOnStream) {
   DeviceMirror::to_host(p.state, host.state);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
   ForwardResult got;
   got.o = d.base.o.to_double();
   got.final_state = d.state.to_double();
@@ -488,13 +502,11 @@ TEST(CudaDecode, ChainedStepsDependentLaunch) {
         DecodeParams host = d.params();
         DeviceMirror m;
         DecodeParams p = mirror_decode_params(m, host);
-        cudaStream_t stream;
-        cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+        StreamScope stream;
         ExecConfig cfg;
-        cfg.stream = stream;
+        cfg.stream = stream.get();
         for (int i = 0; i < kSteps; ++i) decode(p, cfg);
-        cuda_check(cudaStreamSynchronize(stream), "sync");
-        cudaStreamDestroy(stream);
+        cuda_check(cudaStreamSynchronize(stream.get()), "sync");
         DeviceMirror::to_host(p.o, host.o);
         DeviceMirror::to_host(p.state, host.state);
         ForwardResult got;
