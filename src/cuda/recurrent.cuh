@@ -639,32 +639,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// Asks the L2 for the state of block `blk` (blockIdx order: (n Hv + hv) splits + split; cb
-// columns per block, eb bytes per state element).
-template <int DK, bool VFIRST>
-__device__ __forceinline__ void prefetch_state_of(const RecurrentArgs& a, unsigned blk, int cb,
-                                                  int eb) {
-  const unsigned rest = blk / static_cast<unsigned>(a.splits);
-  const int split = static_cast<int>(blk - rest * static_cast<unsigned>(a.splits));
-  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
-  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
-  std::int64_t row = nq;
-  if (a.state_indices) row = load_index(a.state_indices, row, a.idx_dtype);
-  if (!state_row_live(a, row)) return;
-  const char* head = reinterpret_cast<const char*>(a.h_in) + eb * (row * a.hin_s0 + hv * a.hin_s1);
-  const std::int64_t dv = static_cast<std::int64_t>(a.splits) * cb;
-  if (a.hin_s2 == (VFIRST ? DK : dv)) {
-    if (split == 0 && threadIdx.x == 0) prefetch_l2(head, static_cast<unsigned>(DK * dv * eb));
-    return;
-  }
-  const int col0 = split * cb, rows = VFIRST ? cb : DK;
-  const unsigned bytes = static_cast<unsigned>((VFIRST ? DK : cb) * eb);
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-    const std::int64_t off = VFIRST ? (col0 + r) * a.hin_s2 : r * a.hin_s2 + col0;
-    prefetch_l2(head + eb * off, bytes);
-  }
-}
-
 // The next wave's state traffic started early (bench/NOTES-gpu.md, v25, v28): block b asks the
 // L2 for the state of block b + a.prefetch_blocks, which the hardware dispatches (blocks go out in
 // index order as resident ones retire) about half a block lifetime later when prefetch_blocks is
@@ -682,7 +656,25 @@ __device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, 
   const unsigned ahead = blockIdx.x < first ? first : static_cast<unsigned>(a.prefetch_blocks);
   const unsigned future = blockIdx.x + ahead;
   if (ahead == 0 || future >= gridDim.x || !a.h_in) return;
-  prefetch_state_of<DK, VFIRST>(a, future, cb, eb);
+  const unsigned rest = future / static_cast<unsigned>(a.splits);
+  const int split = static_cast<int>(future - rest * static_cast<unsigned>(a.splits));
+  const unsigned nq = rest / static_cast<unsigned>(a.Hv);
+  const int hv = static_cast<int>(rest - nq * static_cast<unsigned>(a.Hv));
+  std::int64_t row = nq;
+  if (a.state_indices) row = load_index(a.state_indices, row, a.idx_dtype);
+  if (!state_row_live(a, row)) return;
+  const char* head = reinterpret_cast<const char*>(a.h_in) + eb * (row * a.hin_s0 + hv * a.hin_s1);
+  const std::int64_t dv = static_cast<std::int64_t>(a.splits) * cb;
+  if (a.hin_s2 == (VFIRST ? DK : dv)) {
+    if (split == 0 && threadIdx.x == 0) prefetch_l2(head, static_cast<unsigned>(DK * dv * eb));
+    return;
+  }
+  const int col0 = split * cb, rows = VFIRST ? cb : DK;
+  const unsigned bytes = static_cast<unsigned>((VFIRST ? DK : cb) * eb);
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const std::int64_t off = VFIRST ? (col0 + r) * a.hin_s2 : r * a.hin_s2 + col0;
+    prefetch_l2(head + eb * off, bytes);
+  }
 }
 
 // Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
