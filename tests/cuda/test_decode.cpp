@@ -63,6 +63,7 @@ class StreamScope {
  private:
   cudaStream_t stream_{};
 };
+
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
 // scalar gate, fp32 state with aligned rows), 5 and 6 = the chunk kernel with items of 128 and
