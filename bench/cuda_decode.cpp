@@ -374,7 +374,8 @@ int main(int argc, char** argv) {
   app.add_option("--dv", opt.Dv);
   app.add_option("--dtype", opt.dtype, "bf16 | f16 (q, k, v, o)");
   app.add_option("--state-dtype", opt.state_dtype,
-                 "the pool's dtype: f32 | bf16 (bf16: one token, k-first; its own bytes count)")
+                 "the pool's dtype: f32 | bf16 (bf16: the one-token and staged kernels; its own "
+                 "bytes count)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--gate", opt.gate, "gate: scalar | per_key")
       ->check(CLI::IsMember({"scalar", "per_key"}));

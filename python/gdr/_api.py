@@ -269,8 +269,8 @@ def decode_step(
     """One serving step: T = 1..16 new tokens for each of B sequences, state updated in place.
 
     state is a pool [P, Hv, Dk, Dv] ([P, Hv, Dv, Dk] v-first), float32 or bfloat16 (computed in
-    fp32, stored rounded to nearest even; on CUDA a bfloat16 pool takes T = 1 on a k-first
-    layout, where it moves half the bytes); sequence b reads and writes
+    fp32, stored rounded to nearest even once per step; it moves half the state bytes);
+    sequence b reads and writes
     row state_indices[b] (int32/int64 [B]; negative: skipped, its o is 0), or row b when
     state_indices is None (P >= B). Returns o [B, T, Hv, Dv]. Not differentiable.
     """

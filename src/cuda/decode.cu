@@ -547,13 +547,8 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const std::int64_t heads = a.N * prob.Hv;
   // The one-token kernel reads each lane's slices of 16-byte aligned rows (recurrent_one.cuh).
   const bool one_applies = recurrent_one_applies(a.T, a.cu_seqlens != nullptr, v_first, a.vec_tok);
-  // A bf16 pool: only the one-token kernel reads it.
-  if (a.state_bf16 && !one_applies)
-    refuse(op,
-           "a bfloat16 state is supported on cuda for one token per sequence (T = 1) on a "
-           "k_first state with 16-byte aligned q, k, v rows; got T=" +
-               std::to_string(a.T) + ", state_layout=" + (v_first ? "v_first" : "k_first") +
-               (a.vec_tok ? "" : ", unaligned rows") + " (use a float32 state)");
+  // A bf16 pool: the one-token kernel where it applies, else the staged kernel (the chunk and
+  // ring kernels read an fp32 state only: recurrent_chunk_applies, recurrent_ring_applies).
   int path = g_path_override.load(std::memory_order_relaxed);
   const int sms = sm_count(prob.device_index, op);
   const bool per_key = prob.gate == GateKind::per_key;

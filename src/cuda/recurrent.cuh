@@ -87,7 +87,7 @@ struct RecurrentArgs {
   bool vec_tok;
   bool vec_o;       // o rows start on 16-byte boundaries with strides to match
   bool in_place;    // h_out is h_in (decode): a state left unchanged need not be stored
-  bool state_bf16;  // decode: the pool holds bfloat16 (the one-token kernel only)
+  bool state_bf16;  // decode: the pool holds bfloat16 (the one-token and staged kernels)
   // The next-wave L2 prefetch (prefetch_state_of_block): block b also asks the L2 for the state
   // of block b + prefetch_wave when b < prefetch_wave (a first-wave block, one wave ahead), else
   // of block b + prefetch_blocks (half a wave ahead); a distance of 0: no prefetch.
@@ -184,6 +184,34 @@ __device__ __forceinline__ void store4(float* p, float4 x, bool vec) {
     p[1] = x.y;
     p[2] = x.z;
     p[3] = x.w;
+  }
+}
+
+// The same for a bfloat16 state (RecurrentArgs::state_bf16): four consecutive values as floats,
+// one 8-byte access (evict-first) when the row is 16-byte aligned; stored rounded to nearest even.
+__device__ __forceinline__ float4 load4_bf16(const std::uint16_t* p, bool vec) {
+  std::uint32_t w0, w1;
+  if (vec) {
+    const uint2 w = __ldcs(reinterpret_cast<const uint2*>(p));
+    w0 = w.x, w1 = w.y;
+  } else {
+    w0 = p[0] | (static_cast<std::uint32_t>(p[1]) << 16);
+    w1 = p[2] | (static_cast<std::uint32_t>(p[3]) << 16);
+  }
+  return make_float4(__uint_as_float(w0 << 16), __uint_as_float(w0 & 0xffff0000u),
+                     __uint_as_float(w1 << 16), __uint_as_float(w1 & 0xffff0000u));
+}
+__device__ __forceinline__ void store4_bf16(std::uint16_t* p, float4 x, bool vec) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+  const std::uint32_t w0 = *reinterpret_cast<const std::uint32_t*>(&lo);
+  const std::uint32_t w1 = *reinterpret_cast<const std::uint32_t*>(&hi);
+  if (vec) {
+    __stcs(reinterpret_cast<uint2*>(p), make_uint2(w0, w1));
+  } else {
+    p[0] = static_cast<std::uint16_t>(w0);
+    p[1] = static_cast<std::uint16_t>(w0 >> 16);
+    p[2] = static_cast<std::uint16_t>(w1);
+    p[3] = static_cast<std::uint16_t>(w1 >> 16);
   }
 }
 
@@ -730,9 +758,15 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
     }
   };
 
-  // State loads first: they are the long-latency traffic and overlap the staging below.
+  // State loads first: they are the long-latency traffic and overlap the staging below. A bf16
+  // state (decode) is held as fp32 in the registers like an fp32 one.
   float4 s[M];
-  if (a.h_in) {
+  if (a.h_in && a.state_bf16) {
+    const auto* base =
+        reinterpret_cast<const std::uint16_t*>(a.h_in) + row * a.hin_s0 + hv * a.hin_s1;
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] = load4_bf16(base + offset(m, a.hin_s2), a.vec_in);
+  } else if (a.h_in) {
     const float* base = a.h_in + row * a.hin_s0 + hv * a.hin_s1;
     if (a.vec_in) {  // one uniform branch: 16-byte loads, none predicated off
 #pragma unroll
@@ -745,7 +779,8 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 #pragma unroll
     for (int m = 0; m < M; ++m) s[m] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  if (a.prefetch_blocks > 0 || a.prefetch_wave > 0) prefetch_state_of_block<DK, VFIRST>(a, cb, 4);
+  if (a.prefetch_blocks > 0 || a.prefetch_wave > 0)
+    prefetch_state_of_block<DK, VFIRST>(a, cb, a.state_bf16 ? 2 : 4);
 
   const int tc = a.tc;
   // Every array read as float4 starts at a multiple of 4 floats (Dk and cb are).
@@ -904,7 +939,11 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
     }
   }
 
-  if (a.h_out) {
+  if (a.h_out && a.state_bf16) {
+    auto* base = reinterpret_cast<std::uint16_t*>(a.h_out) + row * a.hout_s0 + hv * a.hout_s1;
+#pragma unroll
+    for (int m = 0; m < M; ++m) store4_bf16(base + offset(m, a.hout_s2), s[m], a.vec_out);
+  } else if (a.h_out) {
     float* base = a.h_out + row * a.hout_s0 + hv * a.hout_s1;
     if (a.vec_out) {
 #pragma unroll

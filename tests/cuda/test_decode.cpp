@@ -389,23 +389,32 @@ TEST(CudaDecode, Bf16StatePool) {
       }
 }
 
-// A bfloat16 pool outside the one-token kernel's reach is refused with the reason.
-TEST(CudaDecode, Bf16StateRefused) {
+// A bfloat16 pool outside the one-token kernel's reach (several tokens, a v-first pool, rows
+// that are not 16-byte aligned): the staged kernel, which the chunk and ring paths fall back to,
+// holds the state in fp32 registers and rounds it once at the end, so the pool is within one
+// bf16 rounding of the reference; rows nobody uses untouched bit for bit.
+TEST(CudaDecode, Bf16StatePoolTokens) {
   REQUIRE_GPU();
-  for (int variant = 0; variant < 2; ++variant) {
-    Case c = decode_case(2, variant == 0 ? 2 : 1, 1, 2, 64);
-    c.bf16_state = true;
-    if (variant == 1) c.layout = StateLayout::v_first;
-    DecodeData d = make_decode_problem(c);
-    try {
-      run_decode_cuda(d);
-      ADD_FAILURE() << "a bf16 state was accepted: " << describe(c, d.base.seed);
-    } catch (const InvalidArgument& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("bfloat16 state"), std::string::npos) << msg;
-      EXPECT_NE(msg.find(variant == 0 ? "T=2" : "state_layout=v_first"), std::string::npos) << msg;
-    }
-  }
+  for (std::int64_t T : {2, 8, 16})
+    for (StateLayout layout : {StateLayout::k_first, StateLayout::v_first})
+      for (std::int64_t Dk : {64, 128, 256}) {
+        Case c = decode_case(3, T, 2, 4, Dk);
+        c.Dv = Dk == 256 ? 64 : 128;
+        c.layout = layout;
+        c.gate = Dk == 128 ? GateKind::per_key : GateKind::scalar;
+        c.dtype = T == 8 ? DType::f32 : DType::bf16;
+        c.mask = T == 16;
+        c.qk_l2norm = T == 2;
+        c.bf16_state = true;
+        check_decode(c, 7, true);
+      }
+  Case one = decode_case(3, 1, 2, 4, 128);  // one token on a v-first pool
+  one.layout = StateLayout::v_first;
+  one.bf16_state = true;
+  check_decode(one, 7, true);
+  Case padded = decode_case(3, 2, 2, 4, 64);  // rows padded by one element: not 16-byte aligned
+  padded.bf16_state = true;
+  check_decode(padded, 0, false, 1);
 }
 
 // A pool whose rows are not 16-byte aligned takes the scalar path; results must not change.
