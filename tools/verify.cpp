@@ -216,6 +216,15 @@ std::vector<NamedCase> verify_cases() {
         c.bf16_state = true;
       },
       true);
+  add(
+      "decode T4 bf16 pool v-first",
+      [](Case& c) {
+        c.T = 4;
+        c.B = 3;
+        c.bf16_state = true;
+        c.layout = StateLayout::v_first;
+      },
+      true);
   return out;
 }
 
