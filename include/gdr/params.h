@@ -93,8 +93,8 @@ struct DecodeParams {
   TensorView A_log, dt_bias;
   TensorView mask;          // optional [B, T] bool
   TensorView state;         // [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] f32 or bf16 (computed
-                            //   in fp32, stored rounded to nearest even; CUDA: bf16 at T = 1,
-                            //   k-first, 16-byte aligned rows), read and written
+                            //   in fp32, stored rounded to nearest even once per step), read
+                            //   and written
   TensorView state_indices; // optional [B] i32 | i64: sequence b uses state row state_indices[b]
                             //   (negative: skip b, its o rows are written as 0); else row b (P >= B)
   TensorView o;             // [B, T, Hv, Dv] written
