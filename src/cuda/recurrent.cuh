@@ -187,8 +187,16 @@ __device__ __forceinline__ void store4(float* p, float4 x, bool vec) {
   }
 }
 
-// The same for a bfloat16 state (RecurrentArgs::state_bf16): four consecutive values as floats,
-// one 8-byte access (evict-first) when the row is 16-byte aligned; stored rounded to nearest even.
+// Two 16-bit values (bf16 or f16 `dtype`) packed in one 32-bit word, low half first, as floats.
+__device__ __forceinline__ float2 pair_to_float2(std::uint32_t w, int dtype) {
+  if (dtype == kBF16)
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+
+// load4 / store4 for a bfloat16 state (RecurrentArgs::state_bf16): four consecutive values as
+// floats, one 8-byte access (evict-first) when the row is 16-byte aligned; stored rounded to
+// nearest even.
 __device__ __forceinline__ float4 load4_bf16(const std::uint16_t* p, bool vec) {
   std::uint32_t w0, w1;
   if (vec) {
@@ -198,8 +206,8 @@ __device__ __forceinline__ float4 load4_bf16(const std::uint16_t* p, bool vec) {
     w0 = p[0] | (static_cast<std::uint32_t>(p[1]) << 16);
     w1 = p[2] | (static_cast<std::uint32_t>(p[3]) << 16);
   }
-  return make_float4(__uint_as_float(w0 << 16), __uint_as_float(w0 & 0xffff0000u),
-                     __uint_as_float(w1 << 16), __uint_as_float(w1 & 0xffff0000u));
+  const float2 lo = pair_to_float2(w0, kBF16), hi = pair_to_float2(w1, kBF16);
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 __device__ __forceinline__ void store4_bf16(std::uint16_t* p, float4 x, bool vec) {
   const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
@@ -213,13 +221,6 @@ __device__ __forceinline__ void store4_bf16(std::uint16_t* p, float4 x, bool vec
     p[2] = static_cast<std::uint16_t>(w1);
     p[3] = static_cast<std::uint16_t>(w1 >> 16);
   }
-}
-
-// Two 16-bit values (bf16 or f16 `dtype`) packed in one 32-bit word, low half first, as floats.
-__device__ __forceinline__ float2 pair_to_float2(std::uint32_t w, int dtype) {
-  if (dtype == kBF16)
-    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-  return __half22float2(*reinterpret_cast<const __half2*>(&w));
 }
 
 // Converts a 16-byte unit of `dtype` values (8 for 16-bit types, 4 for f32) to floats.
