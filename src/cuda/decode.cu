@@ -612,7 +612,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     a.tc = static_cast<int>(a.T < TC ? (a.T > 0 ? a.T : 1) : TC);
     const std::size_t smem =
         sizeof(float) * (detail::shared_floats(DK, per_key, a.tc, warps * cw) +
-                         (wy ? 3 + detail::wy_shared_floats(a.tc) : 0));
+                         (wy ? 3 + detail::wy_shared_floats(a.tc) + warps * detail::kWyWarpFloats : 0));
     with_bool(v_first, [&](auto vf) {
       with_bool(per_key, [&](auto pk) {
         constexpr bool VF = decltype(vf)::value, PK = decltype(pk)::value;

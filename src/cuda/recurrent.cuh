@@ -165,23 +165,6 @@ __device__ __forceinline__ void store4_from_float(void* p, std::int64_t i, int d
   }
 }
 
-// Two consecutive outputs o[i], o[i + 1] (i even); one 8-byte (f32) or 4-byte (f16, bf16) store
-// when `vec` (the row starts on a 16-byte boundary).
-__device__ __forceinline__ void store2_from_float(void* p, std::int64_t i, int dtype, bool vec,
-                                                  float x0, float x1) {
-  if (!vec) {
-    store_from_float(p, i, dtype, x0);
-    store_from_float(p, i + 1, dtype, x1);
-  } else if (dtype == kF32) {
-    *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(x0, x1);
-  } else if (dtype == kBF16) {
-    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) =
-        __floats2bfloat162_rn(x0, x1);
-  } else {
-    *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(x0, x1);
-  }
-}
-
 __device__ __forceinline__ std::int64_t load_index(const void* p, std::int64_t i, int dtype) {
   return dtype == kI64 ? static_cast<const std::int64_t*>(p)[i]
                        : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p)[i]);
@@ -801,8 +784,10 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
   float* gs = vs + tc * cb;  // [tc][GW]  decay a = exp(g)
   float* bs = gs + tc * GW;  // [tc]      beta
   float* ms = bs + tc;       // [tc]      1 = step, 0 = masked
-  // WY: [tc / 8 passes][WyShared::kFloats] coefficients, from the next multiple of 4 floats.
+  // WY: [tc / 8 passes][WyShared::kFloats] coefficients from the next multiple of 4 floats, then
+  // [warps][kWyWarpFloats] for the passes' exchanges.
   float* wy = smem + ((ms + tc - smem + 3) & ~static_cast<std::ptrdiff_t>(3));
+  float* wy_warp = wy + wy_shared_floats(tc) + warp * kWyWarpFloats;
 
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
@@ -844,17 +829,15 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
       else
         wy_coefficients<false>(gs, bs, ms, cnt, a.scale, a.eps, wy);
       __syncthreads();
-      const int cgw = 4 * (lane % CG);  // the lane's column group in the warp
       for (int t0 = 0; t0 < cnt; t0 += kWyTokens) {
-        const std::int64_t obase = orow + (tb + t0) * a.o_st + colw + cgw + 2 * ((lane >> 1) & 1);
-        kfirst_wy_pass<DK, M>(
-            s, qs + t0 * DK, ks + t0 * DK, vs + t0 * cb + warp * CW + cgw, cb,
-            wy + t0 / kWyTokens * WyShared::kFloats, (live >> t0) & 0xffu,
-            cnt - t0 < kWyTokens ? cnt - t0 : kWyTokens, lane, [&](int t, float o0, float o1) {
-              store2_from_float(a.o, obase + t * a.o_st, a.in_dtype, a.vec_o, o0, o1);
-            });
+        const std::int64_t obase = orow + (tb + t0) * a.o_st + colw;
+        kfirst_wy_pass<DK, M>(s, qs + t0 * DK, ks + t0 * DK, vs + t0 * cb + warp * CW, cb,
+                              wy + t0 / kWyTokens * WyShared::kFloats, wy_warp,
+                              (live >> t0) & 0xffu, cnt - t0 < kWyTokens ? cnt - t0 : kWyTokens,
+                              lane, [&](int t, int c, float o) {
+                                store_from_float(a.o, obase + t * a.o_st + c, a.in_dtype, o);
+                              });
       }
-      continue;
     }
 
     // ---- the recurrence over the chunk, state in registers ----
@@ -955,25 +938,27 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
             be, dec, a.scale, a.eps);
       }
     };
+    if constexpr (!WY) {  // the token loop
 #pragma unroll 1
-    for (int t = 0; t < cnt; ++t) {
-      if (!((live >> t) & 1u)) {  // masked: state unchanged, o_t = 0
-        const std::int64_t obase = orow + (tb + t) * a.o_st;
-        if constexpr (VFIRST) {
-          if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
-        } else {
-          if (lane < CG) {
+      for (int t = 0; t < cnt; ++t) {
+        if (!((live >> t) & 1u)) {  // masked: state unchanged, o_t = 0
+          const std::int64_t obase = orow + (tb + t) * a.o_st;
+          if constexpr (VFIRST) {
+            if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
+          } else {
+            if (lane < CG) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
+              for (int e = 0; e < 4; ++e)
+                store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
+            }
           }
+          continue;
         }
-        continue;
+        if (a.qk_l2norm)
+          step(std::true_type{}, t);
+        else
+          step(std::false_type{}, t);
       }
-      if (a.qk_l2norm)
-        step(std::true_type{}, t);
-      else
-        step(std::false_type{}, t);
     }
   }
 

@@ -78,7 +78,10 @@ __device__ __forceinline__ void wy_dots(const float* qs, const float* ks, int cn
 }
 
 // Block-cooperative, after wy_dots and a barrier: the coefficients of every pass (gs, bs, ms: the
-// staged decays exp(g), betas and masks of the chunk's tokens).
+// staged decays exp(g), betas and masks of the chunk's tokens). The products of decays over
+// token ranges are formed directly (no ratio of prefix products, which underflow for strong
+// decays), as fixed 8-term products with the absent factors 1 (compact code: the block runs it
+// once).
 template <bool L2>
 __device__ __forceinline__ void wy_coefficients(const float* gs, const float* bs, const float* ms,
                                                 int cnt, float scale, float eps, float* wy) {
@@ -87,170 +90,145 @@ __device__ __forceinline__ void wy_coefficients(const float* gs, const float* bs
     const int pass = p >> 6, t = (p >> 3) & 7, s = p & 7, t0 = pass * kWyTokens;
     const int n = cnt - t0 < kWyTokens ? cnt - t0 : kWyTokens;
     float* d = wy + pass * WyShared::kFloats;
-    auto live = [&](int j) { return j < n && ms[t0 + j] != 0.f; };
-    auto decay = [&](int j) { return live(j) ? gs[t0 + j] : 1.f; };
-    auto rk = [&](int j) { return L2 ? 1.f / sqrtf(d[WyShared::kKK + 9 * j] + eps) : 1.f; };
-    auto fq = [&](int j) { return scale * (L2 ? 1.f / sqrtf(d[WyShared::kQQ + j] + eps) : 1.f); };
-    float mc = 0.f, nc = 0.f;
-    if (s <= t && live(t) && live(s)) {
-      float ratio = 1.f;  // G_t / G_s
-      for (int j = s + 1; j <= t; ++j) ratio *= decay(j);
-      const float base = ratio * rk(s);
-      nc = base * fq(t) * d[WyShared::kKQ + 8 * t + s];
-      if (s < t) mc = bs[t0 + t] * base * rk(t) * d[WyShared::kKK + 8 * t + s];
+    const bool lt = t < n && ms[t0 + t] != 0.f, ls = s < n && ms[t0 + s] != 0.f;
+    float ratio = 1.f, g = 1.f, rest = 1.f;  // G_t / G_s, G_t, G_{n-1} / G_t
+#pragma unroll
+    for (int j = 0; j < kWyTokens; ++j) {
+      const float dj = j < n && ms[t0 + j] != 0.f ? gs[t0 + j] : 1.f;
+      ratio *= j > s && j <= t ? dj : 1.f;
+      g *= j <= t ? dj : 1.f;
+      rest *= j > t ? dj : 1.f;
     }
-    d[WyShared::kMc + 8 * t + s] = mc;
-    d[WyShared::kNc + 8 * t + s] = nc;
-    if (s == 0) {                 // the per-token factors of token t
-      float g = 1.f, rest = 1.f;  // G_t, G_{n-1} / G_t
-      for (int j = 0; j <= t; ++j) g *= decay(j);
-      for (int j = t + 1; j < n; ++j) rest *= decay(j);
-      const bool lt = live(t);
-      d[WyShared::kAl + t] = lt ? bs[t0 + t] * g * rk(t) : 0.f;
-      d[WyShared::kGq + t] = lt ? g * fq(t) : 0.f;
-      d[WyShared::kBt + t] = lt ? bs[t0 + t] : 0.f;
-      d[WyShared::kW + t] = lt ? rest * rk(t) : 0.f;
+    const float rk_t = L2 ? rsqrtf(d[WyShared::kKK + 9 * t] + eps) : 1.f;
+    const float rk_s = L2 ? rsqrtf(d[WyShared::kKK + 9 * s] + eps) : 1.f;
+    const float fq_t = scale * (L2 ? rsqrtf(d[WyShared::kQQ + t] + eps) : 1.f);
+    const bool pair = lt && ls && s <= t;
+    const float beta = lt ? bs[t0 + t] : 0.f;
+    d[WyShared::kMc + 8 * t + s] =
+        pair && s < t ? beta * ratio * rk_s * rk_t * d[WyShared::kKK + 8 * t + s] : 0.f;
+    d[WyShared::kNc + 8 * t + s] = pair ? ratio * rk_s * fq_t * d[WyShared::kKQ + 8 * t + s] : 0.f;
+    if (s == 0) {  // the per-token factors of token t
+      d[WyShared::kAl + t] = lt ? beta * g * rk_t : 0.f;
+      d[WyShared::kGq + t] = lt ? g * fq_t : 0.f;
+      d[WyShared::kBt + t] = beta;
+      d[WyShared::kW + t] = lt ? rest * rk_t : 0.f;
       if (t == 0) d[WyShared::kGn] = g * rest;
     }
   }
 }
 
-// x[4 j + c] = sum over the lane's M rows r of S[r][c] * w_j[r] for the pass's live tokens j
-// (rows: the pass's first k or q row in shared memory, [8][DK]; r0: the lane's first row).
-template <int DK, int M>
-__device__ __forceinline__ void wy_partials(const float4 (&s)[M], const float* rows, int r0,
-                                            unsigned live, float (&x)[32]) {
-#pragma unroll
-  for (int j = 0; j < kWyTokens; ++j) {
-    float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
-    if ((live >> j) & 1u) {
-      const float4* w4 = reinterpret_cast<const float4*>(rows + j * DK + r0);
-#pragma unroll
-      for (int m4 = 0; m4 < M / 4; ++m4) {
-        const float4 w = w4[m4];
-        const float ww[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float4 sv = s[4 * m4 + e];
-          p.x = fmaf(sv.x, ww[e], p.x);
-          p.y = fmaf(sv.y, ww[e], p.y);
-          p.z = fmaf(sv.z, ww[e], p.z);
-          p.w = fmaf(sv.w, ww[e], p.w);
-        }
-      }
-    }
-    x[4 * j] = p.x;
-    x[4 * j + 1] = p.y;
-    x[4 * j + 2] = p.z;
-    x[4 * j + 3] = p.w;
-  }
-}
-
-// Reduces x (wy_partials) over the 16 row groups (lane bits 1 .. 4): the lane keeps x[0 .. 1] =
-// the sums for token j = lane >> 2 and columns 2 ch, 2 ch + 1 of its column group
-// (ch = lane bit 1).
-__device__ __forceinline__ void wy_reduce(float (&x)[32], int lane) {
-  transpose_reduce_round<32, 16>(x, lane);
-  transpose_reduce_round<16, 8>(x, lane);
-  transpose_reduce_round<8, 4>(x, lane);
-  transpose_reduce_round<4, 2>(x, lane);
-}
+// Per-warp shared floats of a pass: the reduced S0^T k_t and S0^T q_t of the warp's 8 columns
+// ([8 tokens][16]: k columns 0 .. 7, then q), and w_t u_t ([8 tokens][8 columns]).
+constexpr int kWyWarpFloats = kWyTokens * 16 + kWyTokens * 8;
 
 // One pass of n <= 8 tokens on the lane's registers s (the narrow k-first tile: M rows from
 // r0 = (lane >> 1) M, columns 4 (lane & 1) .. + 3 of the warp's 8). qs, ks: the pass's first q
-// and k rows ([8][DK] in shared memory); vs: the pass's first v row ([8][cb]) at the lane's
-// column group; d: the pass's coefficients; live: bit t = token t steps. store_o(t, o0, o1) is
-// called for one token per lane with o of its columns 2 ch, 2 ch + 1 of the group (0 when
-// masked).
+// and k rows ([8][DK] in shared memory); vs: the pass's first v row ([8][cb]) at the warp's first
+// column; d: the pass's coefficients; wbuf: the warp's kWyWarpFloats; live: bit t = token t
+// steps. store_o(t, c, o) stores o_t of the warp's column c (0 for a masked token).
+// Every loop over tokens is a loop (the straight-line form, 8 tokens unrolled, ran from the
+// instruction cache: bench/NOTES-gpu.md, v42); values cross lanes through wbuf.
 template <int DK, int M, typename StoreO>
 __device__ __forceinline__ void kfirst_wy_pass(float4 (&s)[M], const float* qs, const float* ks,
-                                               const float* vs, int cb, const float* d,
+                                               const float* vs, int cb, const float* d, float* wbuf,
                                                unsigned live, int n, int lane, StoreO store_o) {
-  const int r0 = (lane >> 1) * M, ch = (lane >> 1) & 1, jown = lane >> 2;
-  float x[32];
-  // S0^T q of token jown, columns 2 ch .. + 1.
-  wy_partials<DK, M>(s, qs, r0, live, x);
-  wy_reduce(x, lane);
-  const float bq0 = x[0], bq1 = x[1];
-  // S0^T k of every token, columns 2 ch .. + 1: sk[2 t + i].
-  wy_partials<DK, M>(s, ks, r0, live, x);
-  wy_reduce(x, lane);
-  gather_round<2, 4>(x, lane);
-  gather_round<4, 8>(x, lane);
-  gather_round<8, 16>(x, lane);
-  // u of the lane's two columns, every token (each of the 8 lanes sharing them solves the same).
-  float u[2 * kWyTokens];
-  const float* v_lane = vs + 2 * ch;
+  const int r0 = (lane >> 1) * M, cg = lane & 1;
+  float* red = wbuf;                  // [8][16]
+  float* uw = wbuf + kWyTokens * 16;  // [8][8]
+  // 1. Per live token: the lane's partial S0^T k_t and S0^T q_t (4 columns each, over its M
+  // rows), reduced over the 16 row groups (lane bits 1 .. 4) by a transposing reduction of the 8
+  // values: value e = (lane >> 2) & 7 of the column group (k columns 0 .. 3, then q), stored by
+  // the lanes with bit 1 clear.
+  const int e = (lane >> 2) & 7;
+  float* red_lane = red + (e < 4 ? 0 : 8) + 4 * cg + (e & 3);
+#pragma unroll 2
+  for (unsigned m = live; m; m &= m - 1) {
+    const int t = __ffs(m) - 1;
+    const float4* k4 = reinterpret_cast<const float4*>(ks + t * DK + r0);
+    const float4* q4 = reinterpret_cast<const float4*>(qs + t * DK + r0);
+    float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int m4 = 0; m4 < M / 4; ++m4) {
+      const float4 kv = k4[m4], qv = q4[m4];
+      const float kk[4] = {kv.x, kv.y, kv.z, kv.w}, qq[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 sv = s[4 * m4 + r];
+        x[0] = fmaf(sv.x, kk[r], x[0]);
+        x[1] = fmaf(sv.y, kk[r], x[1]);
+        x[2] = fmaf(sv.z, kk[r], x[2]);
+        x[3] = fmaf(sv.w, kk[r], x[3]);
+        x[4] = fmaf(sv.x, qq[r], x[4]);
+        x[5] = fmaf(sv.y, qq[r], x[5]);
+        x[6] = fmaf(sv.z, qq[r], x[6]);
+        x[7] = fmaf(sv.w, qq[r], x[7]);
+      }
+    }
+    transpose_reduce_round<8, 16>(x, lane);
+    transpose_reduce_round<4, 8>(x, lane);
+    transpose_reduce_round<2, 4>(x, lane);
+    x[0] += __shfl_xor_sync(0xffffffffu, x[0], 2);
+    if (!(lane & 2)) red_lane[16 * t] = x[0];
+  }
+  __syncwarp();
+  // 2. u of column c = lane & 7 for every token (the 4 lanes of a column solve the same), o of
+  // tokens c4 and c4 + 4 (c4 = lane >> 3) of that column, w_t u_t to uw.
+  const int c = lane & 7, c4 = lane >> 3;
+  float u[kWyTokens];
 #pragma unroll
   for (int t = 0; t < kWyTokens; ++t) {
-    u[2 * t] = u[2 * t + 1] = 0.f;
+    u[t] = 0.f;
     if ((live >> t) & 1u) {
-      const float2 v = *reinterpret_cast<const float2*>(v_lane + t * cb);
-      const float al = d[WyShared::kAl + t], bt = d[WyShared::kBt + t];
-      float u0 = bt * v.x - al * x[2 * t], u1 = bt * v.y - al * x[2 * t + 1];
+      float x = d[WyShared::kBt + t] * vs[t * cb + c] - d[WyShared::kAl + t] * red[16 * t + c];
 #pragma unroll
-      for (int j = 0; j < t; ++j) {
-        const float c = d[WyShared::kMc + 8 * t + j];
-        u0 = fmaf(-c, u[2 * j], u0);
-        u1 = fmaf(-c, u[2 * j + 1], u1);
-      }
-      u[2 * t] = u0;
-      u[2 * t + 1] = u1;
+      for (int j = 0; j < t; ++j) x = fmaf(-d[WyShared::kMc + 8 * t + j], u[j], x);
+      u[t] = x;
     }
   }
-  // o of token jown.
-  if (jown < n) {
-    float o0 = 0.f, o1 = 0.f;
-    if ((live >> jown) & 1u) {
-      const float* nrow = d + WyShared::kNc + 8 * jown;
-      const float gq = d[WyShared::kGq + jown];
-      o0 = gq * bq0;
-      o1 = gq * bq1;
 #pragma unroll
-      for (int j = 0; j < kWyTokens; ++j) {
-        if (j <= jown) {
-          o0 = fmaf(nrow[j], u[2 * j], o0);
-          o1 = fmaf(nrow[j], u[2 * j + 1], o1);
-        }
-      }
+  for (int h = 0; h < 2; ++h) {
+    const int t = c4 + 4 * h;
+    if (t >= n) continue;
+    float o = 0.f;
+    if ((live >> t) & 1u) {
+      const float* nrow = d + WyShared::kNc + 8 * t;
+      o = d[WyShared::kGq + t] * red[16 * t + 8 + c];
+#pragma unroll
+      for (int j = 0; j < kWyTokens; ++j)
+        if (j <= t) o = fmaf(nrow[j], u[j], o);
     }
-    store_o(jown, o0, o1);
+    store_o(t, c, o);
   }
-  // w_t u_t of the lane's 4 columns (the other two from lane ^ 2), then the rank-n update.
-  float uw[4 * kWyTokens];
+  if (lane < 8) {
 #pragma unroll
-  for (int t = 0; t < kWyTokens; ++t) {
-    const float w = d[WyShared::kW + t];
-    const float m0 = w * u[2 * t], m1 = w * u[2 * t + 1];
-    const float p0 = __shfl_xor_sync(0xffffffffu, m0, 2), p1 = __shfl_xor_sync(0xffffffffu, m1, 2);
-    uw[4 * t] = ch ? p0 : m0;
-    uw[4 * t + 1] = ch ? p1 : m1;
-    uw[4 * t + 2] = ch ? m0 : p0;
-    uw[4 * t + 3] = ch ? m1 : p1;
+    for (int t = 0; t < kWyTokens; ++t) uw[8 * t + c] = d[WyShared::kW + t] * u[t];
   }
+  __syncwarp();
+  // 3. S = G_{n-1} S0 + sum_t k_t (w_t u_t)^T on the lane's M rows and 4 columns.
   const float gn = d[WyShared::kGn];
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    s[m].x *= gn;
-    s[m].y *= gn;
-    s[m].z *= gn;
-    s[m].w *= gn;
+  for (int m4 = 0; m4 < M; ++m4) {
+    s[m4].x *= gn;
+    s[m4].y *= gn;
+    s[m4].z *= gn;
+    s[m4].w *= gn;
   }
-#pragma unroll
-  for (int t = 0; t < kWyTokens; ++t) {
-    if (!((live >> t) & 1u)) continue;
+#pragma unroll 2
+  for (unsigned m = live; m; m &= m - 1) {
+    const int t = __ffs(m) - 1;
+    const float4 w = reinterpret_cast<const float4*>(uw + 8 * t)[cg];
     const float4* k4 = reinterpret_cast<const float4*>(ks + t * DK + r0);
 #pragma unroll
     for (int m4 = 0; m4 < M / 4; ++m4) {
       const float4 kv = k4[m4];
       const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float4& sv = s[4 * m4 + e];
-        sv.x = fmaf(kk[e], uw[4 * t], sv.x);
-        sv.y = fmaf(kk[e], uw[4 * t + 1], sv.y);
-        sv.z = fmaf(kk[e], uw[4 * t + 2], sv.z);
-        sv.w = fmaf(kk[e], uw[4 * t + 3], sv.w);
+      for (int r = 0; r < 4; ++r) {
+        float4& sv = s[4 * m4 + r];
+        sv.x = fmaf(kk[r], w.x, sv.x);
+        sv.y = fmaf(kk[r], w.y, sv.y);
+        sv.z = fmaf(kk[r], w.z, sv.z);
+        sv.w = fmaf(kk[r], w.w, sv.w);
       }
     }
   }
