@@ -402,7 +402,7 @@ int main(int argc, char** argv) {
                "also time the chunk kernel's first state wait early and late (each checked)");
   app.add_option("--path", opt.path,
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged, "
-                 "4 chunk, 5 ring, 6 narrow chunk form");
+                 "4 chunk, 5 ring");
   app.add_option("--chunk-columns", opt.chunk_columns,
                  "the chunk kernel's block: 32, 64 or 128 value columns (0: the rule)");
   app.add_option("--json", opt.json_path, "write the results here");
@@ -480,8 +480,7 @@ int main(int argc, char** argv) {
                                     {2, "one"},
                                     {3, "narrow"},
                                     {4, "chunk"},
-                                    {5, "ring"},
-                                    {6, "wy"}}) {
+                                    {5, "ring"}}) {
             gdr::cuda::set_recurrent_path_override(path);
             const auto [po, ps] = check_as_timed(std::string());
             paths_err[name] = {{"o", po}, {"state", ps}, {"ok", po < tol && ps < state_tol}};
@@ -551,13 +550,12 @@ int main(int argc, char** argv) {
         if (opt.paths)
           std::printf(
               "             staged %9.2f us  one-token %9.2f us  narrow staged %9.2f us  chunk "
-              "%9.2f us  ring %9.2f us  narrow chunk form %9.2f us%s%s%s\n",
+              "%9.2f us  ring %9.2f us%s%s\n",
               paths["staged"].get<double>(), paths["one"].get<double>(),
               paths["narrow"].get<double>(), paths["chunk"].get<double>(),
-              paths["ring"].get<double>(), paths["wy"].get<double>(),
+              paths["ring"].get<double>(),
               paths_err["chunk"]["ok"].get<bool>() ? "" : " (chunk FAILED the check)",
-              paths_err["ring"]["ok"].get<bool>() ? "" : " (ring FAILED the check)",
-              paths_err["wy"]["ok"].get<bool>() ? "" : " (narrow chunk form FAILED the check)");
+              paths_err["ring"]["ok"].get<bool>() ? "" : " (ring FAILED the check)");
         rows.push_back(
             {{"B", B},
              {"T", T},

@@ -572,12 +572,9 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   }
   const bool one = one_applies && (a.state_bf16 || path == 0 || path == 2);
   const bool narrow_exists = !one && !v_first && prob.Dk < 256;
-  // The narrow tile's chunk form (recurrent_wy.cuh) takes a scalar gate.
-  const bool wy = narrow_exists && !per_key && path == 6;
   const bool narrow =
       narrow_exists &&
-      (path == 3 || wy ||
-       (path == 0 && recurrent_narrow_applies(heads, prob.Dk, prob.Dv, v_first, sms)));
+      (path == 3 || (path == 0 && recurrent_narrow_applies(heads, prob.Dk, prob.Dv, v_first, sms)));
   int warps = g_warps_override.load(std::memory_order_relaxed);
   const int cw = recurrent_columns_per_warp(prob.Dk, v_first, narrow);
   if (warps <= 0 || (prob.Dv / cw) % warps != 0)
@@ -610,9 +607,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     }
     constexpr int TC = detail::Tile<DK, false>::kTC;
     a.tc = static_cast<int>(a.T < TC ? (a.T > 0 ? a.T : 1) : TC);
-    const std::size_t smem =
-        sizeof(float) * (detail::shared_floats(DK, per_key, a.tc, warps * cw) +
-                         (wy ? 3 + detail::wy_shared_floats(a.tc) + warps * detail::kWyWarpFloats : 0));
+    const std::size_t smem = sizeof(float) * detail::shared_floats(DK, per_key, a.tc, warps * cw);
     with_bool(v_first, [&](auto vf) {
       with_bool(per_key, [&](auto pk) {
         constexpr bool VF = decltype(vf)::value, PK = decltype(pk)::value;
@@ -621,12 +616,6 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
           static_assert(detail::Tile<DK, false, true>::kCW ==
                         recurrent_columns_per_warp(DK, false, true));
           if (narrow) {
-            if constexpr (!PK) {
-              if (wy) {
-                run(detail::recurrent_kernel<DK, false, false, true, true>, smem);
-                return;
-              }
-            }
             run(detail::recurrent_kernel<DK, false, PK, true>, smem);
             return;
           }
@@ -673,7 +662,7 @@ void set_recurrent_chunk_columns_override(int columns) {
 }
 
 void set_recurrent_path_override(int path) {
-  g_path_override.store(path >= 1 && path <= 6 ? path : 0);
+  g_path_override.store(path >= 1 && path <= 5 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

@@ -37,12 +37,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <type_traits>
-
-#include "cuda/recurrent_wy.cuh"
-#include "cuda/warp_exchange.cuh"
 
 namespace gdr::cuda::detail {
 
@@ -516,6 +512,20 @@ __device__ __forceinline__ void stage_elements(const RecurrentArgs& a, const Blo
   store_scalars<PERKEY>(a, cnt, A, dtb, xs, gs, bs, ms);
 }
 
+// One round of a transposing warp reduction of N values: lanes with bit OFF set keep the
+// upper N / 2 values, the others the lower; each sends the other half to lane ^ OFF and adds
+// what it receives (N / 2 shuffles; the values a lane keeps halve).
+template <int N, int OFF>
+__device__ __forceinline__ void transpose_reduce_round(float* x, int lane) {
+  const bool upper = lane & OFF;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const float lo = x[i], hi = x[i + N / 2];  // values first: no select of addresses
+    const float keep = upper ? hi : lo, send = upper ? lo : hi;
+    x[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+  }
+}
+
 // The token step of the k-first tile on one lane's registers (row m of the lane: COLS / 4
 // float4, s[m * COLS / 4 + h] = S[r0 + m, 4h .. 4h + 3 of its columns]), shared by
 // recurrent_kernel and recurrent_one_kernel: the Dk-reductions on the raw q, k in one butterfly
@@ -697,11 +707,8 @@ __device__ __forceinline__ void prefetch_state_of_block(const RecurrentArgs& a, 
 }
 
 // Dv is a run-time value (columns are split over warps and blocks: Dv % (W * CW) == 0).
-// WY: the narrow k-first tile with a scalar gate runs its tokens in passes of the chunk form
-// (recurrent_wy.cuh) instead of one token step at a time.
-template <int DK, bool VFIRST, bool PERKEY, bool NARROW = false, bool WY = false>
+template <int DK, bool VFIRST, bool PERKEY, bool NARROW = false>
 __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a) {
-  static_assert(!WY || (NARROW && !VFIRST && !PERKEY), "the chunk form takes the narrow tile");
   using Tl = Tile<DK, VFIRST, NARROW>;
   constexpr int CW = Tl::kCW, M = Tl::kM, CG = Tl::kCG, LPC = Tl::kLPC;
   constexpr int GW = PERKEY ? DK : 1;
@@ -784,10 +791,6 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
   float* gs = vs + tc * cb;  // [tc][GW]  decay a = exp(g)
   float* bs = gs + tc * GW;  // [tc]      beta
   float* ms = bs + tc;       // [tc]      1 = step, 0 = masked
-  // WY: [tc / 8 passes][WyShared::kFloats] coefficients from the next multiple of 4 floats, then
-  // [warps][kWyWarpFloats] for the passes' exchanges.
-  float* wy = smem + ((ms + tc - smem + 3) & ~static_cast<std::ptrdiff_t>(3));
-  float* wy_warp = wy + wy_shared_floats(tc) + warp * kWyWarpFloats;
 
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
@@ -816,29 +819,6 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
     __syncthreads();
     // Bit t: token t of the chunk steps (1) or is masked (0); tc <= 16 < 32 lanes.
     const unsigned live = __ballot_sync(0xffffffffu, lane < cnt && ms[lane] != 0.f);
-
-    if constexpr (WY) {
-      // The passes' coefficients (block), then each pass on the warp's registers.
-      if (a.qk_l2norm)
-        wy_dots<DK, true>(qs, ks, cnt, wy);
-      else
-        wy_dots<DK, false>(qs, ks, cnt, wy);
-      __syncthreads();
-      if (a.qk_l2norm)
-        wy_coefficients<true>(gs, bs, ms, cnt, a.scale, a.eps, wy);
-      else
-        wy_coefficients<false>(gs, bs, ms, cnt, a.scale, a.eps, wy);
-      __syncthreads();
-      for (int t0 = 0; t0 < cnt; t0 += kWyTokens) {
-        const std::int64_t obase = orow + (tb + t0) * a.o_st + colw;
-        kfirst_wy_pass<DK, M>(s, qs + t0 * DK, ks + t0 * DK, vs + t0 * cb + warp * CW, cb,
-                              wy + t0 / kWyTokens * WyShared::kFloats, wy_warp,
-                              (live >> t0) & 0xffu, cnt - t0 < kWyTokens ? cnt - t0 : kWyTokens,
-                              lane, [&](int t, int c, float o) {
-                                store_from_float(a.o, obase + t * a.o_st + c, a.in_dtype, o);
-                              });
-      }
-    }
 
     // ---- the recurrence over the chunk, state in registers ----
     // The token's Dk-reductions are done on the raw q, k in one butterfly: S'.k, S'.q, k.q and,
@@ -938,27 +918,25 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
             be, dec, a.scale, a.eps);
       }
     };
-    if constexpr (!WY) {  // the token loop
 #pragma unroll 1
-      for (int t = 0; t < cnt; ++t) {
-        if (!((live >> t) & 1u)) {  // masked: state unchanged, o_t = 0
-          const std::int64_t obase = orow + (tb + t) * a.o_st;
-          if constexpr (VFIRST) {
-            if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
-          } else {
-            if (lane < CG) {
+    for (int t = 0; t < cnt; ++t) {
+      if (!((live >> t) & 1u)) {  // masked: state unchanged, o_t = 0
+        const std::int64_t obase = orow + (tb + t) * a.o_st;
+        if constexpr (VFIRST) {
+          if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
+        } else {
+          if (lane < CG) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
-            }
+            for (int e = 0; e < 4; ++e)
+              store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
           }
-          continue;
         }
-        if (a.qk_l2norm)
-          step(std::true_type{}, t);
-        else
-          step(std::false_type{}, t);
+        continue;
       }
+      if (a.qk_l2norm)
+        step(std::true_type{}, t);
+      else
+        step(std::false_type{}, t);
     }
   }
 

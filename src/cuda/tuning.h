@@ -224,9 +224,7 @@ void set_recurrent_warps_override(int warps);
 // one-token kernel wherever recurrent_one_applies, the usual staged tile elsewhere; 3 = the staged
 // kernel with the narrow tile wherever it exists (k-first, Dk < 256), the usual tile elsewhere;
 // 4 = the chunk kernel wherever recurrent_chunk_applies, the usual staged tile elsewhere;
-// 5 = the ring kernel wherever recurrent_ring_applies, the rules elsewhere; 6 = the narrow tile's
-// chunk form (recurrent_wy.cuh) wherever the narrow tile exists with a scalar gate, as 3 with a
-// per-key gate; 0 = the rules.
+// 5 = the ring kernel wherever recurrent_ring_applies, the rules elsewhere; 0 = the rules.
 void set_recurrent_path_override(int path);
 
 // The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block): how many blocks ahead a
