@@ -607,8 +607,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     }
     constexpr int TC = detail::Tile<DK, false>::kTC;
     a.tc = static_cast<int>(a.T < TC ? (a.T > 0 ? a.T : 1) : TC);
-    const std::size_t smem =
-        sizeof(float) * detail::shared_floats(DK, per_key, a.tc, warps * cw, narrow);
+    const std::size_t smem = sizeof(float) * detail::shared_floats(DK, per_key, a.tc, warps * cw);
     with_bool(v_first, [&](auto vf) {
       with_bool(per_key, [&](auto pk) {
         constexpr bool VF = decltype(vf)::value, PK = decltype(pk)::value;

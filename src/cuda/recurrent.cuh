@@ -278,10 +278,9 @@ struct Tile {
 };
 
 // Shared floats per block for `tc` staged tokens and `cb` value columns:
-//   q[tc][Dk], k[tc][Dk], v[tc][cb], a[tc][Dk or 1], beta[tc], mask[tc], and with the narrow
-//   tile (from the next multiple of 4 floats) o[tc][cb].
-inline constexpr int shared_floats(int dk, bool per_key, int tc, int cb, bool narrow) {
-  return tc * (2 * dk + (per_key ? dk : 1) + cb + 2) + (narrow ? 3 + tc * cb : 0);
+//   q[tc][Dk], k[tc][Dk], v[tc][cb], a[tc][Dk or 1], beta[tc], mask[tc].
+inline constexpr int shared_floats(int dk, bool per_key, int tc, int cb) {
+  return tc * (2 * dk + (per_key ? dk : 1) + cb + 2);
 }
 
 // ---- staging of one chunk of `cnt` tokens (tokens tok0 .. tok0 + cnt - 1 of batch row b) ----
@@ -792,11 +791,6 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
   float* gs = vs + tc * cb;  // [tc][GW]  decay a = exp(g)
   float* bs = gs + tc * GW;  // [tc]      beta
   float* ms = bs + tc;       // [tc]      1 = step, 0 = masked
-  // NARROW: [tc][cb] o of the chunk's tokens, written to global memory after its token loop
-  // (the per-token stores' address arithmetic and dispatch on the output dtype leave the token
-  // loop of a lone warp, bench/NOTES-gpu.md v42; the usual tiles keep the direct stores, whose
-  // instantiations spill with the staging).
-  float* os = smem + ((ms + tc - smem + 3) & ~static_cast<std::ptrdiff_t>(3));
 
   const float A = a.gate_in_kernel ? -expf(__ldg(a.A_log + hv)) : 0.f;  // g = A softplus(a + dt_b)
   const float* dtb = a.dt_bias ? a.dt_bias + hv * a.dt_bias_sh : nullptr;
@@ -918,12 +912,8 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
               return reinterpret_cast<const float4*>(vs + t * cb + warp * CW)[lane % CG];
             },
             [&](int, float4 out) {
-              if constexpr (NARROW) {
-                if (lane < CG) reinterpret_cast<float4*>(os + t * cb + warp * CW)[lane] = out;
-              } else {
-                if (lane < CG)
-                  store4_from_float(a.o, obase + colw + 4 * lane, a.in_dtype, a.vec_o, out);
-              }
+              if (lane < CG)
+                store4_from_float(a.o, obase + colw + 4 * lane, a.in_dtype, a.vec_o, out);
             },
             be, dec, a.scale, a.eps);
       }
@@ -931,20 +921,14 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 #pragma unroll 1
     for (int t = 0; t < cnt; ++t) {
       if (!((live >> t) & 1u)) {  // masked: state unchanged, o_t = 0
-        if constexpr (NARROW) {
-          if (lane < CW / 4)
-            reinterpret_cast<float4*>(os + t * cb + warp * CW)[lane] =
-                make_float4(0.f, 0.f, 0.f, 0.f);
+        const std::int64_t obase = orow + (tb + t) * a.o_st;
+        if constexpr (VFIRST) {
+          if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
         } else {
-          const std::int64_t obase = orow + (tb + t) * a.o_st;
-          if constexpr (VFIRST) {
-            if (lane % LPC == 0) store_from_float(a.o, obase + colw + lane / LPC, a.in_dtype, 0.f);
-          } else {
-            if (lane < CG) {
+          if (lane < CG) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
-            }
+            for (int e = 0; e < 4; ++e)
+              store_from_float(a.o, obase + colw + 4 * lane + e, a.in_dtype, 0.f);
           }
         }
         continue;
@@ -953,15 +937,6 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
         step(std::true_type{}, t);
       else
         step(std::false_type{}, t);
-    }
-    if constexpr (NARROW) {  // the warp's o of the chunk: CW columns x cnt tokens, by 4 columns
-      __syncwarp();
-      const float4* ow = reinterpret_cast<const float4*>(os + warp * CW);
-      for (int e = lane; e < cnt * (CW / 4); e += 32) {
-        const int t = e / (CW / 4), g = e - t * (CW / 4);
-        store4_from_float(a.o, orow + (tb + t) * a.o_st + colw + 4 * g, a.in_dtype, a.vec_o,
-                          ow[t * (cb / 4) + g]);
-      }
     }
   }
 
