@@ -47,7 +47,7 @@ struct Options {
   std::int64_t Hk = 16, Hv = 32, Dk = 128, Dv = 128;
   std::string dtype = "bf16";
   std::string layout = "k_first";   // state layout: k_first ([.., Dk, Dv]) or v_first
-  std::string state_dtype = "f32";  // the pool's dtype: f32 or bf16 (T = 1, k-first)
+  std::string state_dtype = "f32";  // the pool's dtype: f32 or bf16 (k-first)
   std::string gate = "scalar";      // scalar (g [B, T, Hv]) or per_key (g [B, T, Hv, Dk])
   int reps = 30, warmup = 5;
   std::uint64_t seed = 20261129;
@@ -373,9 +373,10 @@ int main(int argc, char** argv) {
   app.add_option("--dk", opt.Dk);
   app.add_option("--dv", opt.Dv);
   app.add_option("--dtype", opt.dtype, "bf16 | f16 (q, k, v, o)");
-  app.add_option("--state-dtype", opt.state_dtype,
-                 "the pool's dtype: f32 | bf16 (bf16: the one-token and staged kernels; its own "
-                 "bytes count)")
+  app.add_option(
+         "--state-dtype", opt.state_dtype,
+         "the pool's dtype: f32 | bf16 (bf16: the one-token, staged and chunk kernels; its own "
+         "bytes count)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--gate", opt.gate, "gate: scalar | per_key")
       ->check(CLI::IsMember({"scalar", "per_key"}));

@@ -3,12 +3,12 @@
 // Instantiated for Dk in {64, 128, 256}, both state layouts and both gate kinds (12 kernels),
 // the narrow k-first tile at Dk 64 and 128 (4 kernels), plus the one-token kernel
 // (recurrent_one.cuh: k-first, both gate kinds, an fp32 or a bf16 state pool, 12 kernels) and the
-// chunk kernel (recurrent_chunk.cuh: k-first fp32 state, Dk = 128, scalar gate; items of 32, 64
-// or 128 value columns x three token dtypes x {static items with the first state wait early or
-// late, dynamic items}, 27 kernels); Dv (64, 128, 256), dtypes (but the chunk kernel's) and the
-// fused options are run-time values (read in the per-chunk staging code only); and the ring kernel
-// (recurrent_ring.cuh: 1 to 8 tokens, k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate;
-// three token dtypes).
+// chunk kernel (recurrent_chunk.cuh: k-first fp32 or bf16 state, Dk = 128, scalar gate; items of
+// 32, 64 or 128 value columns x three token dtypes x {static items with the first state wait early
+// or late, dynamic items} x two state dtypes, 54 kernels); Dv (64, 128, 256), dtypes (but the
+// chunk kernel's) and the fused options are run-time values (read in the per-chunk staging code
+// only); and the ring kernel (recurrent_ring.cuh: 1 to 8 tokens, k-first fp32 state, Dk = 128,
+// Dv a multiple of 128, scalar gate; three token dtypes).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -444,12 +444,14 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   // The grid: the resident blocks (the same for every instantiation of one W: same registers and
   // shared memory), at most one per item (or the tests' cap); the schedule and the first-state
   // wait by the rules on that grid, or the overrides.
-  auto by_first = [&](auto w, auto dt, auto layout) {
+  auto by_first = [&](auto w, auto dt, auto layout, auto sb) {
     constexpr int W = decltype(w)::value, DT = decltype(dt)::value;
+    constexpr bool SB = decltype(sb)::value;
     using Ly = decltype(layout);
     constexpr int threads = 2 * Ly::kCB;
     const std::size_t smem = Ly::bytes(x_exact, dtype_size(prob.dtype));
-    const void* early = reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, false>);
+    const void* early =
+        reinterpret_cast<const void*>(detail::recurrent_chunk_kernel<W, DT, false, false, SB>);
     allow_shared(early, smem, prob.device_index, op);
     const std::int64_t resident = resident_blocks(early, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
@@ -479,21 +481,23 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
       launch_kernel(kernel, grid.x, threads, smem, stream, a, pdl_wanted() && !dynamic);
     };
     if (dynamic)
-      launch(detail::recurrent_chunk_kernel<W, DT, true, true>);
+      launch(detail::recurrent_chunk_kernel<W, DT, true, true, SB>);
     else if (late)
-      launch(detail::recurrent_chunk_kernel<W, DT, true>);
+      launch(detail::recurrent_chunk_kernel<W, DT, true, false, SB>);
     else
-      launch(detail::recurrent_chunk_kernel<W, DT, false>);
+      launch(detail::recurrent_chunk_kernel<W, DT, false, false, SB>);
     if (counter) check(cudaFreeAsync(counter, stream), op, "cudaFreeAsync");
     a.item_counter = nullptr;
   };
   auto by_columns = [&](auto dt) {
-    if (cols == 128)
-      by_first(std::integral_constant<int, 8>{}, dt, detail::ChunkLayout<8>{});
-    else if (cols == 64)
-      by_first(std::integral_constant<int, 4>{}, dt, detail::ChunkLayout<4>{});
-    else
-      by_first(std::integral_constant<int, 2>{}, dt, detail::ChunkLayout<2>{});
+    with_bool(a.state_bf16, [&](auto sb) {
+      if (cols == 128)
+        by_first(std::integral_constant<int, 8>{}, dt, detail::ChunkLayout<8>{}, sb);
+      else if (cols == 64)
+        by_first(std::integral_constant<int, 4>{}, dt, detail::ChunkLayout<4>{}, sb);
+      else
+        by_first(std::integral_constant<int, 2>{}, dt, detail::ChunkLayout<2>{}, sb);
+    });
   };
   if (prob.dtype == DType::bf16)
     by_columns(std::integral_constant<int, detail::kBF16>{});
@@ -547,8 +551,8 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   const std::int64_t heads = a.N * prob.Hv;
   // The one-token kernel reads each lane's slices of 16-byte aligned rows (recurrent_one.cuh).
   const bool one_applies = recurrent_one_applies(a.T, a.cu_seqlens != nullptr, v_first, a.vec_tok);
-  // A bf16 pool: the one-token kernel where it applies, else the staged kernel (the chunk and
-  // ring kernels read an fp32 state only: recurrent_chunk_applies, recurrent_ring_applies).
+  // A bf16 pool: the one-token kernel where it applies, else the chunk kernel by its rule, else the
+  // staged kernel (the ring kernel reads an fp32 state only: recurrent_ring_applies).
   int path = g_path_override.load(std::memory_order_relaxed);
   const int sms = sm_count(prob.device_index, op);
   const bool per_key = prob.gate == GateKind::per_key;
@@ -563,7 +567,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     return;
   }
   if (path == 5) path = 0;  // the ring kernel does not apply: the rules
-  if (recurrent_chunk_applies(v_first, per_key, prob.Dk, a.state_bf16,
+  if (recurrent_chunk_applies(v_first, per_key, prob.Dk,
                               (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
       (path == 4 ||
        (path == 0 && !one_applies && recurrent_chunk_preferred(a.T, varlen, heads, sms)))) {

@@ -1,7 +1,8 @@
 // The chunk kernel: the recurrent (decode / sequential forward) step, 8 tokens at a time, with
 // the state slice in registers, its products on the tensor cores, and persistent blocks that
 // copy the next item's state and tokens while they compute the current one (bench/NOTES-gpu.md,
-// v31). Exists for a k-first fp32 state, Dk = 128, scalar gate (tuning.h, recurrent_chunk_applies;
+// v31). Exists for a k-first fp32 or bf16 state (SB: read into fp32 registers, rounded to nearest
+// even once at an item's store), Dk = 128, scalar gate (tuning.h, recurrent_chunk_applies;
 // any T, varlen, pools); the rules take it from 8 tokens per sequence and 4 heads per SM
 // (recurrent_chunk_preferred), recurrent.cuh's kernels elsewhere.
 //
@@ -203,23 +204,40 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
   return x;
 }
 
-// An item's state rows S0 [128][CB] (from `src`, row stride a.hin_s2) -> the staging buffer (row
-// stride CB + 4) by cp.async 16-byte units, every thread of the block, one commit group.
-template <int CB, int NTHREADS>
-__device__ __forceinline__ void copy_state(const RecurrentArgs& a, const float* src, float* St) {
-  constexpr int DK = 128, UPR = CB / 4, RPI = NTHREADS / UPR, SS = CB + 4;
+// Bytes of one state element in the pool: fp32, or bfloat16 (SB: RecurrentArgs::state_bf16).
+template <bool SB>
+using StateElem = std::conditional_t<SB, std::uint16_t, float>;
+
+// Row stride of the staging buffer in 16-bit elements for a bf16 state: CB + 8, i.e. CB / 2 + 4
+// words, so that rows 2c of a fragment load are 8 c banks apart modulo 32 (CB = 32, 64, 128) and
+// its lanes (g, c), each reading the word of columns 2g, 2g + 1, fall on 32 different banks; rows
+// stay 16-byte aligned for cp.async.
+template <int CB>
+constexpr int kStagedBf16Stride = CB + 8;
+
+// An item's state rows S0 [128][CB] (from `src`, row stride a.hin_s2 elements) -> the staging
+// buffer by cp.async 16-byte units, every thread of the block, one commit group: fp32 rows at
+// stride CB + 4 floats; bf16 rows (SB) as they are, at stride CB + 8 elements (the staging buffer
+// reinterpreted; they take less than half of it).
+template <int CB, int NTHREADS, bool SB>
+__device__ __forceinline__ void copy_state(const RecurrentArgs& a, const StateElem<SB>* src,
+                                           float* St) {
+  constexpr int DK = 128, EPU = 16 / sizeof(StateElem<SB>);  // elements per 16-byte unit
+  constexpr int UPR = CB / EPU, RPI = NTHREADS / UPR, SS = SB ? kStagedBf16Stride<CB> : CB + 4;
   static_assert(NTHREADS % UPR == 0 && DK % RPI == 0);
   const int u = threadIdx.x % UPR, i0 = threadIdx.x / UPR;
-  src += i0 * a.hin_s2 + 4 * u;
-  float* dst = St + i0 * SS + 4 * u;
+  src += i0 * a.hin_s2 + EPU * u;
+  StateElem<SB>* dst = reinterpret_cast<StateElem<SB>*>(St) + i0 * SS + EPU * u;
 #pragma unroll
   for (int i = 0; i < DK / RPI; ++i) cp_async16(dst + i * RPI * SS, src + i * RPI * a.hin_s2);
 }
 
-// The state rows of a live item in the pool.
-__device__ __forceinline__ const float* state_rows(const RecurrentArgs& a, const BlockItem& it,
-                                                   int cb) {
-  return a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * cb;
+// The state rows of a live item in the pool (fp32 or bf16 elements).
+template <bool SB>
+__device__ __forceinline__ const StateElem<SB>* state_rows(const RecurrentArgs& a,
+                                                           const BlockItem& it, int cb) {
+  return reinterpret_cast<const StateElem<SB>*>(a.h_in) + it.row * a.hin_s0 + it.hv * a.hin_s1 +
+         it.split * cb;
 }
 
 // Warp p of G: the partial Gram X X^T (16 x 16, X = [k_0..7; q_0..7] raw, zero rows for masked
@@ -369,7 +387,7 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int c
 // (a.item_counter, zero at the launch) at the first barrier of the current item's last chunk, so
 // that blocks on faster SMs take more items (with a static round-robin the blocks' periods differ
 // by up to ~10 % by SM and the last ones end ~6 us after the median; bench/NOTES-gpu.md v34).
-template <int W, int DT, bool FIRST_LATE, bool DYNAMIC = false>
+template <int W, int DT, bool FIRST_LATE, bool DYNAMIC = false, bool SB = false>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
   using Ly = ChunkLayout<W>;
@@ -389,7 +407,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   float* bs = sm + Ly::kB;
   float* ms = sm + Ly::kM;
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(sm + Ly::kBar);
-  const float** next_src = reinterpret_cast<const float**>(sm + Ly::kSrc);
+  const StateElem<SB>** next_src = reinterpret_cast<const StateElem<SB>**>(sm + Ly::kSrc);
   float* coef = sm + Ly::kCoef;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -428,7 +446,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   // reports WAR hazards across the next block barriers from the second item of a block on; with
   // bar.sync at both it reports none, at the same speed: bench/NOTES-gpu.md v35.)
   if constexpr (FIRST_LATE) named_barrier_sync(2, NTHREADS);
-  if (live_of(it) && a.h_in) copy_state<CB, NTHREADS>(a, state_rows(a, it, CB), St);
+  if (live_of(it) && a.h_in) copy_state<CB, NTHREADS, SB>(a, state_rows<SB>(a, it, CB), St);
   cp_async_commit();
   bool first = FIRST_LATE;  // the first chunk, whose state wait comes late
 
@@ -463,8 +481,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     if (warp == ISSUER && more) {
       const BlockItem nit = next_ch == 0 ? block_item_at(a, static_cast<unsigned>(next_item)) : it;
       const bool next_live = live_of(nit);
-      const float* next_rows =
-          next_ch == 0 && next_live && a.h_in ? state_rows(a, nit, CB) : nullptr;
+      const StateElem<SB>* next_rows =
+          next_ch == 0 && next_live && a.h_in ? state_rows<SB>(a, nit, CB) : nullptr;
       if (lane == 0) *next_src = next_rows;
       // The next item's state -> L2 (its copy into the staging buffer starts a phase later):
       // only an item whose rows are contiguous (Dv = CB, no row padding), as 16 bulk prefetches
@@ -473,7 +491,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       // 128: 345; a row per prefetch (rows not contiguous, 64-column items) was slower than none.
       constexpr int kParts = 16;
       if (next_rows && a.hin_s2 == CB && lane < kParts)
-        prefetch_l2(next_rows + lane * (DK * CB / kParts), DK * CB * sizeof(float) / kParts);
+        prefetch_l2(next_rows + lane * (DK * CB / kParts),
+                    DK * CB * sizeof(StateElem<SB>) / kParts);
       xs = issue_tokens<CB>(a, nit, next_ch, next_live, tok0 + (buf ^ 1) * tok_bytes,
                             &bars[buf ^ 1], lane);
     }
@@ -488,15 +507,28 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
                                lane);
     }
     // The item's state: staging buffer -> registers. Keys 8 j + 2c (+ 1), columns 16 w + 2g (+ 1).
-    // (Scalar loads: the 8-byte pair would need register pairs, which spilled.)
+    // (fp32: scalar loads, the 8-byte pair would need register pairs, which spilled; bf16: one
+    // word holds the pair.)
     auto state_to_registers = [&] {
-      const float* sp = St + (2 * lc) * SS + 16 * warp + 2 * lg;
+      if constexpr (SB) {                              // the decode pool: h_in is never null
+        constexpr int WS = kStagedBf16Stride<CB> / 2;  // words per staged row
+        const std::uint32_t* sp =
+            reinterpret_cast<const std::uint32_t*>(St) + 2 * lc * WS + 8 * warp + lg;
 #pragma unroll
-      for (int j = 0; j < KT; ++j) {
-        s[j][0] = a.h_in ? sp[8 * j * SS] : 0.f;
-        s[j][1] = a.h_in ? sp[(8 * j + 1) * SS] : 0.f;
-        s[j][2] = a.h_in ? sp[8 * j * SS + 1] : 0.f;
-        s[j][3] = a.h_in ? sp[(8 * j + 1) * SS + 1] : 0.f;
+        for (int j = 0; j < KT; ++j) {
+          const float2 r0 = pair_to_float2(sp[8 * j * WS], kBF16);
+          const float2 r1 = pair_to_float2(sp[(8 * j + 1) * WS], kBF16);
+          s[j][0] = r0.x, s[j][2] = r0.y, s[j][1] = r1.x, s[j][3] = r1.y;
+        }
+      } else {
+        const float* sp = St + (2 * lc) * SS + 16 * warp + 2 * lg;
+#pragma unroll
+        for (int j = 0; j < KT; ++j) {
+          s[j][0] = a.h_in ? sp[8 * j * SS] : 0.f;
+          s[j][1] = a.h_in ? sp[(8 * j + 1) * SS] : 0.f;
+          s[j][2] = a.h_in ? sp[8 * j * SS + 1] : 0.f;
+          s[j][3] = a.h_in ? sp[(8 * j + 1) * SS + 1] : 0.f;
+        }
       }
     };
     if (live) {
@@ -544,7 +576,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     }
     // The next item's state, in flight during this chunk's compute.
     if (more) {
-      if (const float* src = *next_src) copy_state<CB, NTHREADS>(a, src, St);
+      if (const StateElem<SB>* src = *next_src) copy_state<CB, NTHREADS, SB>(a, src, St);
     }
     cp_async_commit();
 
@@ -629,11 +661,13 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
         const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
         const bool store = ch + 1 == nch && a.h_out;
-        // Rows 8 j + 2c and 8 j + 2c + 1 of the key tile j, advanced by 8 rows per tile.
-        float* out0 =
-            store ? a.h_out + it.row * a.hout_s0 + it.hv * a.hout_s1 + col0 + c0 + s0 * a.hout_s2
-                  : nullptr;
-        float* out1 = store ? out0 + a.hout_s2 : nullptr;
+        // Rows 8 j + 2c and 8 j + 2c + 1 of the key tile j, advanced by 8 rows per tile (a pair
+        // of fp32 or bf16 elements per row).
+        StateElem<SB>* out0 = store
+                                  ? reinterpret_cast<StateElem<SB>*>(a.h_out) + it.row * a.hout_s0 +
+                                        it.hv * a.hout_s1 + col0 + c0 + s0 * a.hout_s2
+                                  : nullptr;
+        StateElem<SB>* out1 = store ? out0 + a.hout_s2 : nullptr;
         const std::int64_t r8 = 8 * a.hout_s2;
 #pragma unroll
         for (int j = 0; j < KT; ++j) {
@@ -650,8 +684,15 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
 #pragma unroll
           for (int r = 0; r < 4; ++r) s[j][r] += e[r];
           if (store) {
-            __stcs(reinterpret_cast<float2*>(out0), make_float2(s[j][0], s[j][2]));
-            __stcs(reinterpret_cast<float2*>(out1), make_float2(s[j][1], s[j][3]));
+            if constexpr (SB) {  // rounded to nearest even, once per item
+              const __nv_bfloat162 w0 = __floats2bfloat162_rn(s[j][0], s[j][2]);
+              const __nv_bfloat162 w1 = __floats2bfloat162_rn(s[j][1], s[j][3]);
+              __stcs(reinterpret_cast<unsigned*>(out0), *reinterpret_cast<const unsigned*>(&w0));
+              __stcs(reinterpret_cast<unsigned*>(out1), *reinterpret_cast<const unsigned*>(&w1));
+            } else {
+              __stcs(reinterpret_cast<float2*>(out0), make_float2(s[j][0], s[j][2]));
+              __stcs(reinterpret_cast<float2*>(out1), make_float2(s[j][1], s[j][3]));
+            }
             out0 += r8;
             out1 += r8;
           }

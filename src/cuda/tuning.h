@@ -71,11 +71,11 @@ constexpr int recurrent_one_warps_per_block(std::int64_t heads, std::int64_t dk,
 }
 
 // The chunk kernel (recurrent_chunk.cuh: state in registers, products on the tensor cores)
-// exists for a k-first fp32 state with Dk = 128 and a scalar gate whose state rows (read and
-// written) are 16-byte aligned; any T, varlen, pools.
-constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t dk, bool bf16_state,
+// exists for a k-first fp32 or bf16 state with Dk = 128 and a scalar gate whose state rows (read
+// and written) are 16-byte aligned; any T, varlen, pools.
+constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t dk,
                                        bool state_rows_aligned) {
-  return !v_first && !per_key && dk == 128 && !bf16_state && state_rows_aligned;
+  return !v_first && !per_key && dk == 128 && state_rows_aligned;
 }
 
 // Value columns per item of the chunk kernel: 128 (blocks of 8 warps, 2 per SM) where those items

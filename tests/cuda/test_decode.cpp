@@ -6,8 +6,8 @@
 // case runs through every kernel: the staged one (recurrent.cuh) with its usual tile and, on a
 // k-first state with Dk < 256, with its narrow tile, where it applies (one token, k-first
 // state, aligned rows), the one-token kernel (recurrent_one.cuh), and where it applies (k-first
-// fp32 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (1 to 8 tokens, 1
-// to 4 with a per-key gate, k-first fp32 state, Dk = 128, Dv % 128 == 0) the ring kernel
+// fp32 or bf16 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (1 to 8
+// tokens, 1 to 4 with a per-key gate, k-first fp32 state, Dk = 128, Dv % 128 == 0) the ring kernel
 // (recurrent_ring.cuh), through src/cuda/tuning.h's path override.
 #include <gtest/gtest.h>
 
@@ -66,8 +66,8 @@ class StreamScope {
 
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
-// scalar gate, fp32 state with aligned rows), 5 and 6 = the chunk kernel with items of 128 and
-// 32 columns, 7 = the chunk kernel with the rule's items and its first state wait early (the
+// scalar gate, fp32 or bf16 state with aligned rows), 5 and 6 = the chunk kernel with items of 128
+// and 32 columns, 7 = the chunk kernel with the rule's items and its first state wait early (the
 // tests' grids take the late wait by the rule), 8 and 9 = the chunk kernel on a grid of 3 blocks
 // (several items per block: the persistent loop of large grids, with each next item's state and
 // tokens copied during the current one) with static and with dynamic items; 10 = the ring kernel
@@ -390,9 +390,10 @@ TEST(CudaDecode, Bf16StatePool) {
 }
 
 // A bfloat16 pool outside the one-token kernel's reach (several tokens, a v-first pool, rows
-// that are not 16-byte aligned): the staged kernel, which the chunk and ring paths fall back to,
-// holds the state in fp32 registers and rounds it once at the end, so the pool is within one
-// bf16 rounding of the reference; rows nobody uses untouched bit for bit.
+// that are not 16-byte aligned; per-key gates at Dk = 128, which the chunk kernel does not take):
+// the staged kernel, which the chunk and ring paths fall back to, holds the state in fp32
+// registers and rounds it once at the end, so the pool is within one bf16 rounding of the
+// reference; rows nobody uses untouched bit for bit.
 TEST(CudaDecode, Bf16StatePoolTokens) {
   REQUIRE_GPU();
   for (std::int64_t T : {2, 8, 16})
@@ -415,6 +416,38 @@ TEST(CudaDecode, Bf16StatePoolTokens) {
   Case padded = decode_case(3, 2, 2, 4, 64);  // rows padded by one element: not 16-byte aligned
   padded.bf16_state = true;
   check_decode(padded, 0, false, 1);
+}
+
+// A bfloat16 pool in the chunk kernel's reach (k-first, Dk = 128, scalar gate, aligned rows;
+// recurrent_chunk.cuh, SB): its paths read the bf16 rows into fp32 registers and round the state
+// once per item at the store. Partial and several chunks per item, every token dtype, masks, the
+// in-kernel L2 norm and gate, Dv = 256 (two items per head), a pool with a skipped sequence (the
+// 3-block paths run several items per block), and rows padded by 8 elements (16 bytes: still
+// aligned, but not contiguous, so no L2 read-ahead of whole items).
+TEST(CudaDecode, Bf16StatePoolChunk) {
+  REQUIRE_GPU();
+  struct Row {
+    std::int64_t T, Dv;
+    DType dtype;
+    bool mask, l2, gate_in_kernel;
+  };
+  for (const Row& r :
+       {Row{4, 128, DType::bf16, false, true, false}, Row{8, 128, DType::f32, true, false, false},
+        Row{8, 256, DType::bf16, false, false, true}, Row{13, 128, DType::f16, true, true, false},
+        Row{16, 128, DType::bf16, false, false, false}}) {
+    Case c = decode_case(3, r.T, 2, 4, 128);
+    c.Dv = r.Dv;
+    c.dtype = r.dtype;
+    c.mask = r.mask;
+    c.qk_l2norm = r.l2;
+    c.gate_in_kernel = r.gate_in_kernel;
+    c.bf16_state = true;
+    check_decode(c, 7, true);
+  }
+  Case padded = decode_case(3, 8, 2, 4, 128);
+  padded.dtype = DType::bf16;
+  padded.bf16_state = true;
+  check_decode(padded, 0, false, 8);
 }
 
 // A pool whose rows are not 16-byte aligned takes the scalar path; results must not change.
