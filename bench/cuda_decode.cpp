@@ -460,8 +460,11 @@ int main(int argc, char** argv) {
         };
         const auto [o_err, s_err] = check_as_timed(dump ? opt.dump_dir : std::string());
         const double tol = 5e-3;
-        // A bf16 pool is within its rounding (2^-9 relative per element) of the reference.
-        const double state_tol = s.bf16_state ? 2e-3 : 1e-5;
+        // A bf16 pool is within its rounding of the reference: bf16 keeps 8 significant bits, so
+        // rounding to nearest is within 2^-8 relative per element and in the root mean square.
+        // (The RMS of fresh random states comes out ~1.7e-3; states that many timed calls have
+        // advanced reach ~2.3e-3, over the 2e-3 this check had before v43.)
+        const double state_tol = s.bf16_state ? std::ldexp(1.0, -8) + 1e-5 : 1e-5;
         const bool ok = o_err < tol && s_err < state_tol;
         // Time per call with one of tuning.h's overrides set to `value`, then `restore` it.
         auto time_with = [&](void (*set)(int), int value, int restore = 0) {

@@ -139,6 +139,14 @@ static_assert(recurrent_chunk_preferred(32, false, 32 * 32, 132));
 static_assert(recurrent_chunk_preferred(4, false, 32 * 2, 132) &&
               !recurrent_chunk_preferred(4, false, 32, 132) &&
               !recurrent_chunk_preferred(3, false, 32 * 32, 132));
+// A bf16 pool: the chunk kernel from 2 tokens at B >= 2 (Hv = 32), at B = 1 for 6 to 8 tokens.
+static_assert(recurrent_chunk_preferred_bf16(2, false, 32 * 2, 132) &&
+              !recurrent_chunk_preferred_bf16(1, false, 32 * 32, 132) &&
+              !recurrent_chunk_preferred_bf16(8, true, 32 * 32, 132));
+static_assert(recurrent_chunk_preferred_bf16(16, false, 32 * 2, 132) &&
+              recurrent_chunk_preferred_bf16(8, false, 32, 132) &&
+              !recurrent_chunk_preferred_bf16(5, false, 32, 132) &&
+              !recurrent_chunk_preferred_bf16(12, false, 32, 132));
 // Its items: 128 columns at B = 8, 16, 32, 256 (waves >= 90 % full or >= 4), 64 at B = 2, 6, 12.
 static_assert(recurrent_chunk_columns(32 * 8, 128, 132) == 128);
 static_assert(recurrent_chunk_columns(32 * 16, 128, 132) == 128);
@@ -569,8 +577,9 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   if (path == 5) path = 0;  // the ring kernel does not apply: the rules
   if (recurrent_chunk_applies(v_first, per_key, prob.Dk,
                               (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
-      (path == 4 ||
-       (path == 0 && !one_applies && recurrent_chunk_preferred(a.T, varlen, heads, sms)))) {
+      (path == 4 || (path == 0 && !one_applies &&
+                     (a.state_bf16 ? recurrent_chunk_preferred_bf16(a.T, varlen, heads, sms)
+                                   : recurrent_chunk_preferred(a.T, varlen, heads, sms))))) {
     launch_chunk(a, prob, sms, op, stream);
     return;
   }

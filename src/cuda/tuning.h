@@ -217,6 +217,22 @@ constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::
   return !varlen && tokens >= 4 && 24 * heads >= t * static_cast<std::int64_t>(sm_count);
 }
 
+// Where the rules take the chunk kernel for a bfloat16 pool (recurrent_chunk.cuh, SB), which the
+// ring kernel does not take, instead of the staged one. Measured on the H200 (bench/NOTES-gpu.md
+// v43, bench/results/2026-12-03-decode-bf16-chunk*.json; Hv = 32, Dk = Dv = 128, bf16 inputs, us
+// staged (narrow tile at B = 1) | chunk, same process): B = 1: T = 4 5.75 | 6.19, T = 5 6.30 |
+// 6.31, T = 6 6.67 | 6.43, T = 8 7.72 | 6.47, T = 12 9.64 | 11.42, T = 16 11.69 | 11.83; B = 2:
+// T = 4 7.21 | 6.31, T = 8 9.76 | 6.72, T = 12 11.90 | 11.63, T = 16 14.33 | 12.03; B = 8: T = 2
+// 9.22 | 9.07, T = 3 10.26 | 9.12, T = 8 16.26 | 9.58; B = 32: T = 2 32.66 | 29.95, T = 3 36.25 |
+// 30.71, T = 8 59.38 | 32.42. Rule: from 2 tokens per sequence (no varlen) on 24 heads >= 8 x SMs
+// (B >= 2 at Hv = 32), and with fewer heads one chunk of 6 to 8 tokens.
+constexpr bool recurrent_chunk_preferred_bf16(std::int64_t tokens, bool varlen, std::int64_t heads,
+                                              int sm_count) {
+  if (varlen || tokens < 2) return false;
+  if (24 * heads >= 8 * static_cast<std::int64_t>(sm_count)) return true;
+  return tokens >= 6 && tokens <= 8;
+}
+
 // Benchmarks only: force the warps per block (1, 2, 4 or 8; 0 restores the heuristic).
 void set_recurrent_warps_override(int warps);
 
