@@ -139,8 +139,11 @@ static_assert(recurrent_chunk_preferred(32, false, 32 * 32, 132));
 static_assert(recurrent_chunk_preferred(4, false, 32 * 2, 132) &&
               !recurrent_chunk_preferred(4, false, 32, 132) &&
               !recurrent_chunk_preferred(3, false, 32 * 32, 132));
-// A bf16 pool: the chunk kernel from 2 tokens at B >= 2 (Hv = 32), at B = 1 for 6 to 8 tokens.
-static_assert(recurrent_chunk_preferred_bf16(2, false, 32 * 2, 132) &&
+// A bf16 pool: the chunk kernel from 3 tokens at B >= 2 (Hv = 32), 2 tokens from B = 7, at B = 1
+// for 6 to 8 tokens.
+static_assert(recurrent_chunk_preferred_bf16(3, false, 32 * 2, 132) &&
+              recurrent_chunk_preferred_bf16(2, false, 32 * 8, 132) &&
+              !recurrent_chunk_preferred_bf16(2, false, 32 * 4, 132) &&
               !recurrent_chunk_preferred_bf16(1, false, 32 * 32, 132) &&
               !recurrent_chunk_preferred_bf16(8, true, 32 * 32, 132));
 static_assert(recurrent_chunk_preferred_bf16(16, false, 32 * 2, 132) &&

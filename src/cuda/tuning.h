@@ -224,12 +224,16 @@ constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::
 // 6.31, T = 6 6.67 | 6.43, T = 8 7.72 | 6.47, T = 12 9.64 | 11.42, T = 16 11.69 | 11.83; B = 2:
 // T = 4 7.21 | 6.31, T = 8 9.76 | 6.72, T = 12 11.90 | 11.63, T = 16 14.33 | 12.03; B = 8: T = 2
 // 9.22 | 9.07, T = 3 10.26 | 9.12, T = 8 16.26 | 9.58; B = 32: T = 2 32.66 | 29.95, T = 3 36.25 |
-// 30.71, T = 8 59.38 | 32.42. Rule: from 2 tokens per sequence (no varlen) on 24 heads >= 8 x SMs
-// (B >= 2 at Hv = 32), and with fewer heads one chunk of 6 to 8 tokens.
+// 30.71, T = 8 59.38 | 32.42; T = 2: B = 2 6.14 | 6.13, B = 4 7.36 | 7.87; T = 3: B = 2 6.63 |
+// 6.23, B = 4 8.02 | 7.95; B = 1: T = 2 4.81 | 5.98, T = 3 5.24 | 6.06, T = 7 7.07 | 6.45. Rule
+// (no varlen): from 3 tokens per sequence on 24 heads >= 8 x SMs (B >= 2 at Hv = 32), 2 tokens
+// from 1.5 heads per SM (B >= 7), and with fewer heads one chunk of 6 to 8 tokens.
 constexpr bool recurrent_chunk_preferred_bf16(std::int64_t tokens, bool varlen, std::int64_t heads,
                                               int sm_count) {
+  const std::int64_t sms = sm_count;
   if (varlen || tokens < 2) return false;
-  if (24 * heads >= 8 * static_cast<std::int64_t>(sm_count)) return true;
+  if (tokens == 2) return 2 * heads >= 3 * sms;
+  if (24 * heads >= 8 * sms) return true;
   return tokens >= 6 && tokens <= 8;
 }
 
