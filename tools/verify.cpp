@@ -225,6 +225,16 @@ std::vector<NamedCase> verify_cases() {
         c.layout = StateLayout::v_first;
       },
       true);
+  // A k-first bf16 pool that the rules give the chunk kernel on the GPU (tuning.h,
+  // recurrent_chunk_preferred_bf16: 24 heads >= 8 x SMs up to 288 SMs).
+  add(
+      "decode T8 Dk128 Hv32 bf16 pool",
+      [&](Case& c) {
+        chunk_kernel_shape(c, 8, 3);
+        c.dtype = DType::bf16;
+        c.bf16_state = true;
+      },
+      true);
   return out;
 }
 
