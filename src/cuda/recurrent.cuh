@@ -87,7 +87,7 @@ struct RecurrentArgs {
   bool vec_tok;
   bool vec_o;       // o rows start on 16-byte boundaries with strides to match
   bool in_place;    // h_out is h_in (decode): a state left unchanged need not be stored
-  bool state_bf16;  // decode: the pool holds bfloat16 (the one-token and staged kernels)
+  bool state_bf16;  // decode: the pool holds bfloat16 (the one-token, staged and chunk kernels)
   // The next-wave L2 prefetch (prefetch_state_of_block): block b also asks the L2 for the state
   // of block b + prefetch_wave when b < prefetch_wave (a first-wave block, one wave ahead), else
   // of block b + prefetch_blocks (half a wave ahead); a distance of 0: no prefetch.

@@ -204,7 +204,7 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
   return x;
 }
 
-// Bytes of one state element in the pool: fp32, or bfloat16 (SB: RecurrentArgs::state_bf16).
+// The element type of the pool: fp32, or the bits of bfloat16 (SB: RecurrentArgs::state_bf16).
 template <bool SB>
 using StateElem = std::conditional_t<SB, std::uint16_t, float>;
 
