@@ -1,11 +1,15 @@
 // Decode benchmark of the CUDA recurrent kernel through gdr::decode (state pool in place).
 //
 // Per configuration (B, T): NS input sets (q, k, v, g, beta, o, state), together larger than
-// 3x the 60 MB L2 where memory allows, are drawn on the GPU; one CUDA graph holds NS decode
-// calls, one per set; each replay is timed with events, time per call = replay / NS; median
-// of >= 20 replays after warm-up. A device-to-device copy measured in the same run gives the
-// bandwidth ceiling; a graph of NS state-sized copies (one per set, state i -> state i + 1)
-// gives the same-size ceiling, with the same launch and tail costs as the decode graph. Every
+// 3x the 60 MB L2 where memory allows, are drawn on the GPU; one CUDA graph holds C decode
+// calls cycling over the sets, C = max(NS, --graph-calls) (default 16: a model's decode graph
+// holds one call per layer, so the replay's own start is not a cost of one call; with C = NS,
+// as before 2026-12-03, B >= 32 ran 2 calls per graph and each call carried half a replay's
+// start, ~1.4-1.7 us at B = 32: bench/NOTES-gpu.md v44); each replay is timed with events,
+// time per call = replay / C; median of >= 20 replays after warm-up. A device-to-device copy
+// measured in the same run gives the bandwidth ceiling; a graph of C state-sized copies (state
+// i -> state i + 1, cycling) gives the same-size ceiling, with the same launch and tail costs
+// as the decode graph. Every
 // configuration is first checked against the float64 reference on the
 // first sequences (gdr::forward, Path::reference on host copies of the same inputs).
 //
@@ -61,6 +65,8 @@ struct Options {
   bool first_ab = false;     // also time the chunk kernel's first state wait early and late
   bool schedule_ab = false;  // also time the chunk kernel's static and dynamic items
   bool pdl_ab = false;       // also time plain and programmatic dependent launches
+  // Calls per captured graph: at least this many, cycling over the NS sets (0: NS, one per set).
+  int graph_calls = 16;
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
 };
@@ -292,15 +298,24 @@ double time_replays(std::size_t ns, cudaStream_t st, const Options& opt, Record 
   return 1e3 * median(ms) / static_cast<double>(ns);
 }
 
-// Median time per decode call (us) over graph replays of NS calls, one per set.
+// Calls in one captured graph: one per set, or opt.graph_calls cycling over the sets if more
+// (consecutive calls on one set are NS - 1 sets' traffic apart, more than 2x the L2 from NS = 2
+// on: the state is read from memory either way).
+std::size_t graph_calls(std::size_t ns, const Options& opt) {
+  return std::max(ns, static_cast<std::size_t>(std::max(opt.graph_calls, 0)));
+}
+
+// Median time per decode call (us) over graph replays of graph_calls calls.
 double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
                   const Options& opt) {
   gdr::ExecConfig cfg;
   cfg.stream = st;
   gdr::decode(decode_params(s, sets[0]), cfg);  // first call outside the capture (lazy setup)
   check(cudaStreamSynchronize(st), "warm");
-  return time_replays(sets.size(), st, opt, [&](cudaStream_t) {
-    for (const DeviceSet& d : sets) gdr::decode(decode_params(s, d), cfg);
+  const std::size_t calls = graph_calls(sets.size(), opt);
+  return time_replays(calls, st, opt, [&](cudaStream_t) {
+    for (std::size_t i = 0; i < calls; ++i)
+      gdr::decode(decode_params(s, sets[i % sets.size()]), cfg);
   });
 }
 
@@ -326,9 +341,10 @@ double time_eager(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
 double time_copy_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
                        const Options& opt) {
   const std::size_t bytes = s.state_bytes();
-  return time_replays(sets.size(), st, opt, [&](cudaStream_t stream) {
-    for (std::size_t i = 0; i < sets.size(); ++i)
-      check(cudaMemcpyAsync(sets[(i + 1) % sets.size()].state, sets[i].state, bytes,
+  const std::size_t calls = graph_calls(sets.size(), opt), ns = sets.size();
+  return time_replays(calls, st, opt, [&](cudaStream_t stream) {
+    for (std::size_t i = 0; i < calls; ++i)
+      check(cudaMemcpyAsync(sets[(i + 1) % ns].state, sets[i % ns].state, bytes,
                             cudaMemcpyDeviceToDevice, stream),
             "copy");
   });
@@ -406,6 +422,9 @@ int main(int argc, char** argv) {
                  "4 chunk, 5 ring");
   app.add_option("--chunk-columns", opt.chunk_columns,
                  "the chunk kernel's block: 32, 64 or 128 value columns (0: the rule)");
+  app.add_option(
+      "--graph-calls", opt.graph_calls,
+      "calls per captured graph, at least (cycling over the input sets; 0: one per set)");
   app.add_option("--json", opt.json_path, "write the results here");
   app.add_option("--dump", opt.dump_dir, "dump inputs/outputs of one shape for the FLA check");
   app.add_option("--dump-b", opt.dump_B);
@@ -576,6 +595,7 @@ int main(int argc, char** argv) {
              {"fraction_of_copy", gbps * 1e9 / copy_bw},
              {"floor_us", floor_us},
              {"sets", ns},
+             {"graph_calls", graph_calls(static_cast<std::size_t>(ns), opt)},
              {"warps_sweep_us", sweep},
              {"paths_us", paths},
              {"paths_err", paths_err},
@@ -598,8 +618,9 @@ int main(int argc, char** argv) {
                 {"seed", opt.seed},
                 {"reps", opt.reps},
                 {"method",
-                 "CUDA graph of NS decode calls over rotated input sets; events "
-                 "around each replay; median per call"},
+                 "CUDA graph of max(NS, graph_calls) decode calls cycling over NS input sets; "
+                 "events around each replay; median per call"},
+                {"graph_calls", opt.graph_calls},
                 {"rows", rows}};
     if (!opt.json_path.empty()) std::ofstream(opt.json_path) << out.dump(1) << "\n";
     cudaStreamDestroy(st);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Peer timing: FLA's fused_recurrent_gated_delta_rule as a decode step, measured the way
 bench/cuda_decode measures gdr: NS input sets (together > 3x the 60 MB L2 where memory allows),
-one torch.cuda.CUDAGraph holding NS calls (one per set), events around each replay, time per
-call = replay / NS, median of >= 20 replays after warm-up. Same shapes and inputs' kinds:
+one torch.cuda.CUDAGraph holding C = max(NS, --graph-calls) calls cycling over the sets (default
+16, as bench/cuda_decode), events around each replay, time per call = replay / C, median of >= 20
+replays after warm-up. Same shapes and inputs' kinds:
 bf16 q, k (unit L2 rows), v; fp32 g ~ -0.2 U(0,1), beta ~ U(0,1); fp32 state [B, Hv, Dk, Dv]
 read as initial_state and written as the final state (FLA does not update in place).
 
@@ -39,7 +40,9 @@ def set_bytes(B, T, Hk, Hv, Dk, Dv, es):
     return 2.0 * B * Hv * Dk * Dv * 4 + es * B * T * (2 * Hk * Dk + 2 * Hv * Dv) + 8.0 * B * T * Hv
 
 
-def time_graph(fn, sets, reps, warmup):
+def time_graph(fn, sets, reps, warmup, graph_calls=0):
+    # One graph of max(NS, graph_calls) calls cycling over the sets (as bench/cuda_decode).
+    calls = max(len(sets), graph_calls)
     # Warm up (Triton compiles) on a side stream, as torch.cuda.graphs asks.
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -51,7 +54,7 @@ def time_graph(fn, sets, reps, warmup):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [fn(d) for d in sets]
+        outs = [fn(sets[i % len(sets)]) for i in range(calls)]
     for _ in range(warmup):
         graph.replay()
     times = []
@@ -63,7 +66,7 @@ def time_graph(fn, sets, reps, warmup):
         e1.synchronize()
         times.append(e0.elapsed_time(e1))
     del outs, graph
-    return 1e3 * statistics.median(times) / len(sets)
+    return 1e3 * statistics.median(times) / calls
 
 
 def copy_bandwidth():
@@ -125,6 +128,8 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=20261129)
+    ap.add_argument("--graph-calls", type=int, default=16,
+                    help="calls per captured graph, at least (cycling over the sets)")
     ap.add_argument("--json", default="")
     ap.add_argument("--check", default="", help="directory dumped by cuda_decode --dump")
     a = ap.parse_args()
@@ -139,7 +144,7 @@ def main():
           f"copy bandwidth {copy_bw / 1e9:.0f} GB/s")
     out = dict(peer="fla.fused_recurrent_gated_delta_rule", fla_version=getattr(fla, "__version__", "?"),
                torch=torch.__version__, device=torch.cuda.get_device_name(),
-               copy_bandwidth_Bps=copy_bw, seed=a.seed, rows=[])
+               copy_bandwidth_Bps=copy_bw, seed=a.seed, graph_calls=a.graph_calls, rows=[])
     if a.check:
         res = check_against_gdr(fr, a.check)
         print(f"sanity vs gdr {res['shape']}: o rel diff {res['o_rel_diff']:.2e}, "
@@ -158,13 +163,13 @@ def main():
             while ns > 1 and ns * sb * 1.6 > 0.25 * free:  # 1.6: FLA allocates its outputs too
                 ns -= 1
             sets = [make_set(B, T, a.hk, a.hv, a.dk, a.dv, torch.bfloat16, gen) for _ in range(ns)]
-            us = time_graph(call, sets, max(a.reps, 20), a.warmup)
+            us = time_graph(call, sets, max(a.reps, 20), a.warmup, a.graph_calls)
             gbps = sb / (us * 1e-6) / 1e9
             print(f"FLA B={B:4d} T={T:2d}  {us:9.2f} us  {gbps:7.0f} GB/s  "
                   f"{100 * gbps * 1e9 / copy_bw:5.1f}% of copy  sets {ns}")
             out["rows"].append(dict(B=B, T=T, Hk=a.hk, Hv=a.hv, Dk=a.dk, Dv=a.dv, fla_us=us,
                                     bytes=sb, gbps=gbps, fraction_of_copy=gbps * 1e9 / copy_bw,
-                                    sets=ns))
+                                    sets=ns, graph_calls=max(ns, a.graph_calls)))
             del sets
             torch.cuda.empty_cache()
     if a.json:
