@@ -154,9 +154,12 @@ double rel_error(const std::vector<double>& a, const std::vector<double>& ref);
 
 // SPEC Section 7 bounds for the precision of the case (fp32/f64 vs f16/bf16).
 double forward_tolerance(const Case& c);
-// The bound for a decode pool after the step: forward_tolerance, plus the rounding of a
-// bfloat16 pool (2^-9 relative per element, so < 2e-3 in the norm) when c.bf16_state.
+// The bound for a decode pool after the step: forward_tolerance, plus 5e-4 for a bfloat16 pool
+// (c.bf16_state), which is compared with the reference's state rounded to bf16: the elements
+// whose fp32 value lies across a rounding boundary from the reference's differ by one bf16 step.
 double state_tolerance(const Case& c);
+// `values` rounded to the nearest bfloat16 (ties to even), as a bf16 pool stores them.
+std::vector<double> rounded_to_bf16(const std::vector<double>& values);
 double backward_tolerance(const Case& c);
 
 // GoogleTest expectations on every field (each field named in the failure message).

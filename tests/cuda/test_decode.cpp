@@ -371,8 +371,8 @@ TEST(CudaDecode, StateLoadPolicy) {
     }
 }
 
-// A bfloat16 pool (one token, k-first): o as with an fp32 pool, the pool within the bf16
-// rounding of the reference (state_tolerance), rows nobody uses untouched bit for bit.
+// A bfloat16 pool (one token, k-first): o as with an fp32 pool, the pool equal to the reference's
+// state rounded to bf16 up to state_tolerance, rows nobody uses untouched bit for bit.
 TEST(CudaDecode, Bf16StatePool) {
   REQUIRE_GPU();
   for (std::int64_t Dk : {64, 128, 256})
@@ -392,7 +392,7 @@ TEST(CudaDecode, Bf16StatePool) {
 // A bfloat16 pool outside the one-token kernel's reach (several tokens, a v-first pool, rows
 // that are not 16-byte aligned; per-key gates at Dk = 128, which the chunk kernel does not take):
 // the staged kernel, which the chunk and ring paths fall back to, holds the state in fp32
-// registers and rounds it once at the end, so the pool is within one bf16 rounding of the
+// registers and rounds it once at the end, so the pool matches the bf16 rounding of the
 // reference; rows nobody uses untouched bit for bit.
 TEST(CudaDecode, Bf16StatePoolTokens) {
   REQUIRE_GPU();

@@ -86,14 +86,15 @@ def test_decode_step_pool_on_a_side_stream(T):
 @pytest.mark.parametrize("T", [1, 4])
 def test_decode_step_bf16_pool_cuda(T):
     # A bfloat16 pool (one token: the one-token kernel; four: the staged kernel): as on the CPU,
-    # the pool within its rounding.
+    # the pool equal to the float64 state rounded to bf16 up to elements across a rounding boundary.
     x = make_inputs(B=3, T=T, Hk=2, Hv=4, Dk=128, Dv=128, h0=True)
     pool = x["initial_state"].to(torch.bfloat16)
     h0 = pool.float()
     pool_c, xc = pool.cuda(), _cuda(x)
     o = gdr.decode_step(xc["q"], xc["k"], xc["v"], xc["g"], xc["beta"], pool_c)
     o_ref, s_ref = torch_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=h0)
-    assert rel_err(o.cpu(), o_ref) < 1e-5 and rel_err(pool_c.cpu().float(), s_ref) < 2e-3
+    assert rel_err(o.cpu(), o_ref) < 1e-5
+    assert rel_err(pool_c.cpu().float(), s_ref.to(torch.bfloat16).float()) < 5e-4
 
 
 def test_gradients_of_cuda_tensors_equal_cpu():

@@ -36,7 +36,8 @@ def test_decode_step_matches_reference(T, gate, layout):
 @pytest.mark.parametrize("T", [1, 4])
 def test_decode_step_bf16_pool(T):
     # A bfloat16 pool: the step starts from its rounded rows, computes in fp32 and stores the
-    # new rows rounded (within 2^-9 relative of the float64 recurrence's state).
+    # new rows rounded to nearest even: the float64 recurrence's state rounded to bf16, up to the
+    # elements whose fp32 value lies across a rounding boundary from it (one bf16 step each).
     x = make_inputs(B=2, T=T, Hk=2, Hv=2, Dk=16, Dv=16, h0=True, decay="strong")
     pool = x["initial_state"].to(torch.bfloat16)
     h0 = pool.float()
@@ -44,7 +45,8 @@ def test_decode_step_bf16_pool(T):
     o_ref, s_ref = torch_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=h0)
     assert pool.dtype == torch.bfloat16
     assert rel_err(o, o_ref) < TOL_FWD
-    assert rel_err(pool.float(), s_ref) < 2e-3 and rel_err(pool.float(), s_ref) > 0
+    assert rel_err(pool.float(), s_ref.to(torch.bfloat16).float()) < 5e-4
+    assert rel_err(pool.float(), s_ref) > 0  # (rounded)
 
 
 def test_decode_step_mask_and_fused_options():
