@@ -61,10 +61,11 @@ struct Options {
   int path = 0;  // for the whole run: 0 the rule, 1 staged, 2 one-token, 3 narrow staged, 4 chunk
   bool prefetch_ab = false;         // also time the launch rule without the next-wave L2 prefetch
   std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
-  bool load_ab = false;      // also time the one-token kernel's state loads with each cache policy
-  bool first_ab = false;     // also time the chunk kernel's first state wait early and late
-  bool schedule_ab = false;  // also time the chunk kernel's static and dynamic items
-  bool pdl_ab = false;       // also time plain and programmatic dependent launches
+  bool load_ab = false;       // also time the one-token kernel's state loads with each cache policy
+  bool first_ab = false;      // also time the chunk kernel's first state wait early and late
+  bool schedule_ab = false;   // also time the chunk kernel's static and dynamic items
+  bool pdl_ab = false;        // also time plain and programmatic dependent launches
+  bool ring_math_ab = false;  // also time the ring kernel's consumers token by token and as a chunk
   // Calls per captured graph: at least this many, cycling over the NS sets (0: NS, one per set).
   int graph_calls = 16;
   std::string json_path, dump_dir;
@@ -411,6 +412,9 @@ int main(int argc, char** argv) {
   app.add_flag("--load-ab", opt.load_ab,
                "also time the one-token kernel's state loads evict-first and with the default "
                "cache policy");
+  app.add_flag("--ring-math-ab", opt.ring_math_ab,
+               "also time the ring kernel (forced) with its consumers token by token and as one "
+               "chunk on the tensor cores");
   app.add_flag("--pdl-ab", opt.pdl_ab,
                "also time (and check) plain and programmatic dependent launches");
   app.add_flag("--schedule-ab", opt.schedule_ab,
@@ -556,6 +560,13 @@ int main(int argc, char** argv) {
         const json pdl = opt.pdl_ab ? override_ab(gdr::cuda::set_recurrent_pdl_override, "launch",
                                                   {{1, "plain"}, {2, "pdl"}}, false)
                                     : json::object();
+        json ring_math = json::object();
+        if (opt.ring_math_ab) {  // the ring kernel wherever it applies, its consumers both ways
+          gdr::cuda::set_recurrent_path_override(5);
+          ring_math = override_ab(gdr::cuda::set_recurrent_ring_math_override, "ring consumers",
+                                  {{1, "tokens"}, {2, "chunk"}}, false);
+          gdr::cuda::set_recurrent_path_override(opt.path);
+        }
         for (int mode : opt.prefetch_modes)
           std::printf("             prefetch mode %d %9.2f us\n", mode,
                       time_with(gdr::cuda::set_recurrent_prefetch_override, mode));
@@ -604,6 +615,7 @@ int main(int argc, char** argv) {
              {"first_wait_us", first_wait},
              {"schedule_us", schedule},
              {"launch_us", pdl},
+             {"ring_math_us", ring_math},
              {"state_copy_same_size_us", copy_us},
              {"check", {{"o_rel_err", o_err}, {"state_rel_err", s_err}, {"ok", ok}}}});
         for (DeviceSet& d : sets) d.free_all();

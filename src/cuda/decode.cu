@@ -44,6 +44,7 @@ std::atomic<int> g_chunk_first_override{0};
 std::atomic<int> g_chunk_schedule_override{0};
 std::atomic<int> g_chunk_blocks_override{0};
 std::atomic<int> g_pdl_override{0};
+std::atomic<int> g_ring_math_override{0};
 
 // Launches kernel(a) on `grid` blocks; with `pdl`, as a programmatic dependent launch (sm_90:
 // the kernel may start while the previous kernel in the stream drains and waits for it in
@@ -100,6 +101,16 @@ static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, false, 132) &&
               !recurrent_ring_preferred(6, 32 * 12, 128, true, false, 132) &&
               !recurrent_ring_preferred(7, 32 * 32, 128, true, false, 132) &&
               !recurrent_ring_preferred(8, 32 * 32, 128, true, false, 132));
+// T = 7 and 8 with the chunk consumers (16-bit inputs, scalar gate) from 6 items per SM: B = 32
+// yes, B = 24 and 8 no; never with f32 inputs or a per-key gate (no chunk consumers there).
+static_assert(recurrent_ring_chunk_math(8, 2, false) && recurrent_ring_chunk_math(7, 2, false) &&
+              !recurrent_ring_chunk_math(6, 2, false) && !recurrent_ring_chunk_math(8, 4, false) &&
+              !recurrent_ring_chunk_math(8, 2, true));
+static_assert(recurrent_ring_preferred(8, 32 * 32, 128, true, false, 132, true) &&
+              recurrent_ring_preferred(7, 32 * 256, 128, true, false, 132, true) &&
+              !recurrent_ring_preferred(8, 32 * 24, 128, true, false, 132, true) &&
+              !recurrent_ring_preferred(8, 32 * 8, 128, true, false, 132, true) &&
+              !recurrent_ring_preferred(8, 32 * 32, 128, false, false, 132, true));
 // A per-key gate: T = 1 at 3 to 16 items per SM (B = 13..66), T = 2..4 from B = 7.
 static_assert(recurrent_ring_preferred(1, 32 * 64, 128, true, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 67, 128, true, true, 132) &&
@@ -535,8 +546,16 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
   a.prefetch_blocks = a.prefetch_wave = 0;
   // Evict-first state loads unless the load override asks for the default policy.
   a.state_ld_normal = g_load_override.load(std::memory_order_relaxed) == 2;
-  constexpr std::size_t smem = detail::RingLayout::kBytes;
-  constexpr int threads = (detail::kRingConsumers + 1) * 32;
+  // The consumers' math: one chunk on the tensor cores (16-bit inputs, scalar gate) by the rule or
+  // the override, else token by token.
+  const bool per_key = prob.gate == GateKind::per_key;
+  const int math = g_ring_math_override.load(std::memory_order_relaxed);
+  const bool chunk_math =
+      prob.dtype != DType::f32 && !per_key &&
+      (math == 2 || (math == 0 && recurrent_ring_chunk_math(a.T, dtype_size(prob.dtype), per_key)));
+  const std::size_t smem =
+      chunk_math ? detail::RingLayoutT<true>::kBytes : detail::RingLayout::kBytes;
+  const int threads = detail::ring_warps(chunk_math) * 32;
   auto go = [&](auto kernel) {
     const void* k = reinterpret_cast<const void*>(kernel);
     allow_shared(k, smem, prob.device_index, op);
@@ -545,7 +564,15 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     launch_kernel(kernel, static_cast<unsigned>(persistent_grid(items, resident)), threads, smem,
                   stream, a, pdl_wanted());
   };
-  with_bool(prob.gate == GateKind::per_key, [&](auto pk) {
+  if (chunk_math) {
+    if (prob.dtype == DType::bf16)
+      go(detail::recurrent_ring_kernel<detail::kBF16, false, true>);
+    else
+      go(detail::recurrent_ring_kernel<detail::kF16, false, true>);
+    check(cudaGetLastError(), op, "ring kernel launch");
+    return;
+  }
+  with_bool(per_key, [&](auto pk) {
     constexpr bool PK = decltype(pk)::value;
     if (prob.dtype == DType::bf16)
       go(detail::recurrent_ring_kernel<detail::kBF16, PK>);
@@ -572,8 +599,9 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
                              prob.Dv, a.state_bf16, a.h_in != nullptr,
                              a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
       (path == 5 ||
-       (path == 0 &&
-        recurrent_ring_preferred(a.T, heads, prob.Dv, ring_items_contiguous(a), per_key, sms)))) {
+       (path == 0 && recurrent_ring_preferred(
+                         a.T, heads, prob.Dv, ring_items_contiguous(a), per_key, sms,
+                         recurrent_ring_chunk_math(a.T, dtype_size(prob.dtype), per_key))))) {
     launch_ring(a, prob, sms, op, stream);
     return;
   }
@@ -667,6 +695,10 @@ void set_recurrent_chunk_schedule_override(int mode) {
 
 void set_recurrent_chunk_blocks_override(int blocks) {
   g_chunk_blocks_override.store(blocks > 0 ? blocks : 0);
+}
+
+void set_recurrent_ring_math_override(int mode) {
+  g_ring_math_override.store(mode == 1 || mode == 2 ? mode : 0);
 }
 
 void set_recurrent_chunk_first_override(int mode) {

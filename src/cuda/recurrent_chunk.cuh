@@ -244,15 +244,18 @@ __device__ __forceinline__ const StateElem<SB>* state_rows(const RecurrentArgs& 
 // or padding tokens) over key tiles [p KT / G, (p + 1) KT / G) on the tensor cores, into Gp:
 // lane (g, c) holds X's A fragment (x.x, x.z, x.y, x.w) and X^T's B fragments (x.x, x.y) (k
 // columns), (x.z, x.w) (q columns) of x = (k_g[key], k_g[key + 1], q_g[key], q_g[key + 1]),
-// key = 8 j + 2 c; two independent accumulations.
-template <int DT, int G>
-__device__ __forceinline__ void chunk_gram_part(const char* raw, int cnt, const float* ms,
-                                                float* Gp, int p, int lane) {
-  constexpr int DK = 128, KT = DK / 8, RQ = kChunkRQ, JP = KT / G;
+// key = 8 j + 2 c; two independent accumulations. The raw q rows start at `qraw` and the k rows
+// at `kraw`, RS elements apart (rows of padding tokens are read and dropped: all 8 must lie in
+// shared memory).
+template <int DT, int G, int RS = kChunkRQ>
+__device__ __forceinline__ void chunk_gram_part(const char* qraw, const char* kraw, int cnt,
+                                                const float* ms, float* Gp, int p, int lane) {
+  constexpr int DK = 128, KT = DK / 8, JP = KT / G;
   constexpr bool EXACT = DT != kF32;
   static_assert(KT % G == 0);
   const int lg = lane >> 2, lc = lane & 3;
   const bool live_g = lg < cnt && ms[lg] != 0.f;
+  const int row = lg * RS;
   float gk[2][4], gq[2][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -261,8 +264,8 @@ __device__ __forceinline__ void chunk_gram_part(const char* raw, int cnt, const 
 #pragma unroll
   for (int jj = 0; jj < JP; ++jj) {
     const int key = 8 * (p * JP + jj) + 2 * lc;
-    const float2 kk = raw_pair(raw, (8 + lg) * RQ + key, DT);
-    const float2 qq = raw_pair(raw, lg * RQ + key, DT);
+    const float2 kk = raw_pair(kraw, row + key, DT);
+    const float2 qq = raw_pair(qraw, row + key, DT);
     const float4 x = live_g ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 h = EXACT ? x : tf32_hi4(x);
     const float4 ah = make_float4(h.x, h.z, h.y, h.w);
@@ -372,6 +375,41 @@ __device__ __forceinline__ void chunk_coefficients(const RecurrentArgs& a, int c
   const float2 ti = *reinterpret_cast<const float2*>(Ti + lg * 8 + 2 * lc);
   const float th0 = tf32_hi(ti.x), th1 = tf32_hi(ti.y);
   reinterpret_cast<float4*>(coef + Cf::kTiF)[lane] = make_float4(th0, th1, ti.x - th0, ti.y - th1);
+}
+
+// U^T = B^T Ti^T for one warp's 16 columns (bb: B^T's A fragment; tf: Ti^T's B fragment, hi and
+// lo), in 3xTF32.
+__device__ __forceinline__ void chunk_u(float4 bb, float4 tf, float (&u)[4]) {
+  float ue[4] = {0.f, 0.f, 0.f, 0.f};
+  const float4 bh = tf32_hi4(bb), bl = sub4(bb, bh);
+  mma_tf32(u, bh, tf.x, tf.y);
+  mma_tf32(ue, bl, tf.x, tf.y);
+  mma_tf32(ue, bh, tf.z, tf.w);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) u[r] += ue[r];
+}
+
+// O^T = o + U^T Mo^T (o: diag(cQ) P_q^T in C order; mf: Mo^T's B fragment, hi and lo), stored for
+// the tokens s0 and s0 + 1 below cnt at columns c0 and c0 + 1 of o from element orow.
+template <int DT>
+__device__ __forceinline__ void chunk_store_o(const RecurrentArgs& a, float (&o)[4],
+                                              const float (&u)[4], float4 mf, std::int64_t orow,
+                                              int cnt, int s0, int c0) {
+  float oe[4] = {0.f, 0.f, 0.f, 0.f};
+  const float4 ua = make_float4(u[0], u[2], u[1], u[3]);
+  const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
+  mma_tf32(o, uh, mf.x, mf.y);
+  mma_tf32(oe, ul, mf.x, mf.y);
+  mma_tf32(oe, uh, mf.z, mf.w);
+  const int s1 = s0 + 1, c1 = c0 + 1;
+  if (s0 < cnt) {
+    store_from_float(a.o, orow + s0 * a.o_st + c0, DT, o[0] + oe[0]);
+    store_from_float(a.o, orow + s0 * a.o_st + c1, DT, o[2] + oe[2]);
+  }
+  if (s1 < cnt) {
+    store_from_float(a.o, orow + s1 * a.o_st + c0, DT, o[1] + oe[1]);
+    store_from_float(a.o, orow + s1 * a.o_st + c1, DT, o[3] + oe[3]);
+  }
 }
 
 // W warps, items of 16 W value columns; Dv % (16 W) == 0 (host). DT: the token dtype (16-bit
@@ -500,7 +538,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     // forms the chunk's coefficients from them while the others go on to the fragments.
     constexpr int GW = Ly::kGW;
     if (live && warp < GW) {
-      chunk_gram_part<DT, GW>(raw, cnt, ms, sm + Ly::kGram + 256 * warp, warp, lane);
+      chunk_gram_part<DT, GW>(raw, raw + 8 * RQ * ES, cnt, ms, sm + Ly::kGram + 256 * warp, warp,
+                              lane);
       if constexpr (GW > 1) named_barrier_sync(1, 32 * GW);
       if (warp == 0)
         chunk_coefficients<GW>(a, cnt, gs, bs, ms, sm + Ly::kGram, sm + Ly::kL, sm + Ly::kTi, coef,
@@ -620,37 +659,15 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
                                     bval(s1, c0, be1, ck1, pk[1] + pke[1]),
                                     bval(s1, c1, be1, ck1, pk[3] + pke[3]));  // A order
       // U^T = B^T Ti^T.
-      float u[4] = {0.f, 0.f, 0.f, 0.f}, ue[4] = {0.f, 0.f, 0.f, 0.f};
-      {
-        const float4 tf = reinterpret_cast<const float4*>(coef + Cf::kTiF)[lane];
-        const float4 bh = tf32_hi4(bb), bl = sub4(bb, bh);
-        mma_tf32(u, bh, tf.x, tf.y);
-        mma_tf32(ue, bl, tf.x, tf.y);
-        mma_tf32(ue, bh, tf.z, tf.w);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) u[r] += ue[r];
-      }
+      float u[4] = {0.f, 0.f, 0.f, 0.f};
+      chunk_u(bb, reinterpret_cast<const float4*>(coef + Cf::kTiF)[lane], u);
       // O^T = diag(cQ) P_q^T + U^T Mo^T, stored for the chunk's tokens.
       {
         const float cq0 = coef[Cf::kCQ + s0], cq1 = coef[Cf::kCQ + s1];
         float o[4] = {cq0 * (pq[0] + pqe[0]), cq1 * (pq[1] + pqe[1]), cq0 * (pq[2] + pqe[2]),
                       cq1 * (pq[3] + pqe[3])};
-        float oe[4] = {0.f, 0.f, 0.f, 0.f};
-        const float4 ua = make_float4(u[0], u[2], u[1], u[3]);
-        const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
-        const float4 mf = reinterpret_cast<const float4*>(coef + Cf::kMoF)[lane];
-        mma_tf32(o, uh, mf.x, mf.y);
-        mma_tf32(oe, ul, mf.x, mf.y);
-        mma_tf32(oe, uh, mf.z, mf.w);
-        const std::int64_t orow = o_row();
-        if (s0 < cnt) {
-          store_from_float(a.o, orow + s0 * a.o_st + c0, DT, o[0] + oe[0]);
-          store_from_float(a.o, orow + s0 * a.o_st + c1, DT, o[2] + oe[2]);
-        }
-        if (s1 < cnt) {
-          store_from_float(a.o, orow + s1 * a.o_st + c0, DT, o[1] + oe[1]);
-          store_from_float(a.o, orow + s1 * a.o_st + c1, DT, o[3] + oe[3]);
-        }
+        chunk_store_o<DT>(a, o, u, reinterpret_cast<const float4*>(coef + Cf::kMoF)[lane], o_row(),
+                          cnt, s0, c0);
       }
       // S^T = gamma S^T + (U diag(cU))^T K; the item's last chunk stores each key tile of the
       // state to the pool as soon as it is updated (keys 8 j + 2c and + 1, each a pair of

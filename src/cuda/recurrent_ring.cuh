@@ -17,7 +17,10 @@
 // v37; lookups a period ahead 2-3 %, v39), so that it beats the one-token kernel's waves only at
 // about 3 to 8 items per SM; each further token costs the consumers ~0.5 us per item (v38),
 // hidden behind the copy up to T = 3 and ahead of the staged and chunk kernels up to T = 6
-// (tuning.h, recurrent_ring_preferred).
+// (tuning.h, recurrent_ring_preferred). With 16-bit inputs and a scalar gate the consumers can
+// instead take the T tokens as one chunk on the tensor cores (CM: ring_consume_chunk, with a tenth
+// warp forming the chunks' coefficients), about flat in T: the rules take it at T = 7 and 8 from 6
+// items per SM (v45: T = 8 at B = 256 ~91 % of the copy rate).
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
@@ -51,6 +54,7 @@
 
 #include "cuda/mma_tf32.cuh"
 #include "cuda/recurrent.cuh"
+#include "cuda/recurrent_chunk.cuh"
 
 namespace gdr::cuda::detail {
 
@@ -126,27 +130,44 @@ constexpr int kRingMaxKeyTokens = 4;
 // gate the raw g rows [T][128] (at most kTokBytes in all), and a header; then the consumers'
 // partial sums (two buffers by barrier parity), the token norms (two buffers by item parity) and
 // the mbarriers.
-struct RingLayout {
+template <bool CM>
+struct RingLayoutT {
   static constexpr int kDK = 128, kCB = 128;
   static constexpr int kState = kDK * kCB * 4;  // 65536
   static constexpr int kTok = kState;           // raw q rows, then k rows, then v rows
-  static constexpr int kTokBytes = 3 * kRingMaxTokens * kCB * 2;  // 6144: T = 8 of 16-bit, 4 of f32
-  static constexpr int kHead = kTok + kTokBytes;                  // RingHeader
+  // Token rows: packed by T (q rows 0 .. T - 1, then k, then v); CM (16-bit inputs only): at fixed
+  // places (q row t is row t, k row t row 8 + t, v row t row 16 + t) of 256 + 16 bytes, so that a
+  // fragment's lanes (token g, key word 4 j + c) fall on banks 4 g + 4 j + c: all 32 different.
+  // Bytes: CM 6528; else 6144 (T = 8 of 16-bit, 4 of f32).
+  static constexpr int kRowBytes = kCB * 2 + 16;  // CM
+  static constexpr int kTokBytes =
+      CM ? 3 * kRingMaxTokens * kRowBytes : 3 * kRingMaxTokens * kCB * 2;
+  static constexpr int kHead = kTok + kTokBytes;    // RingHeader
   static constexpr int kSlot = kHead + 128;         // bytes per slot (a multiple of 128)
   static constexpr int kPart = kRingSlots * kSlot;  // [2][8 warps][2][128] f32 (consumer area)
-  static constexpr int kPartX = kPart + 2 * kRingConsumers * 2 * kCB * 4;  // [2][8] float4
-  static constexpr int kBars = kPartX + 2 * kRingConsumers * 16;  // full[slots], done[slots]
-  static constexpr int kBytes = kBars + 2 * kRingSlots * 8;
+  // CM: instead, two coefficient buffers (by item parity), each Gram [16][16], L [8][8], Ti [8][8]
+  // and the coefficients (ChunkCoef), f32 (offsets in floats below).
+  static constexpr int kCoefBuf = 2816;
+  static constexpr int kCGram = 0, kCL = 256, kCTi = 320, kCCoef = 384;
+  static constexpr int kPartX = kPart + (CM ? 2 * kCoefBuf : 2 * kRingConsumers * 2 * kCB * 4);
+  static constexpr int kBars = kPartX + (CM ? 0 : 2 * kRingConsumers * 16);  // [2][8] float4
+  // full[slots], done[slots]; CM: then ready[2], free[2] (the coefficient buffers) and
+  // state_full[slots] (full is then the tokens' and the header's only).
+  static constexpr int kBytes = kBars + (2 * kRingSlots + (CM ? 4 + kRingSlots : 0)) * 8;
   // Byte offset in a slot of token t's raw row of q (which = 0), k (1) or v (2).
   static __device__ __forceinline__ int row(int which, int t, int T, int es) {
-    return kTok + (which * T + t) * kCB * es;
+    return CM ? kTok + (which * kRingMaxTokens + t) * kRowBytes : kTok + (which * T + t) * kCB * es;
   }
   // Byte offset in a slot of token t's raw per-key g row (g_es bytes per key), after the v rows.
   static __device__ __forceinline__ int g_row(int t, int T, int es, int g_es) {
     return kTok + (3 * T * es + t * g_es) * kCB;
   }
 };
+using RingLayout = RingLayoutT<false>;
 static_assert(RingLayout::kSlot % 128 == 0 && RingLayout::kBytes <= 232448);
+static_assert(RingLayoutT<true>::kSlot % 128 == 0 && RingLayoutT<true>::kBytes <= 232448 &&
+              RingLayoutT<true>::kCCoef + ChunkCoef::kSize <= RingLayoutT<true>::kCoefBuf / 4 &&
+              RingLayoutT<true>::kCoefBuf % 16 == 0);
 
 // An item's scalars, written by the producer before its arrivals on the slot's "full" barrier.
 struct RingHeader {
@@ -198,32 +219,46 @@ __device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsign
 // state rows and of the T tokens' q, k, v rows, lane l < 3T copying row l, and per-key the raw g
 // rows, lane 3T + t row t; the header; the 3T arrivals on `full`). Not live (pool row skipped or
 // out of range): no copies, only the header.
-template <int DT, bool PK>
+// CM: the state completes on its own barrier `state_full` (one arrival, by lane 0), after the token
+// copies have gone out, so that the coefficient warp can start on the tokens before the state is
+// in.
+template <int DT, bool PK, bool CM = false>
 __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLookup& x, char* slot,
-                                          std::uint64_t* full, std::uint64_t policy, int lane) {
-  using L = RingLayout;
+                                          std::uint64_t* full, std::uint64_t* state_full,
+                                          std::uint64_t policy, int lane) {
+  using L = RingLayoutT<CM>;
   constexpr int ES = DT == kF32 ? 4 : 2;
   const BlockItem& it = x.it;
   const bool live = state_row_live(a, it.row);
   const int T = static_cast<int>(a.T);
   const int g_es = dtype_bytes(a.g_dtype);
   const unsigned tok = static_cast<unsigned>((3 * T * ES + (PK ? T * g_es : 0)) * L::kCB);
-  if (lane == 0) mbar_expect_tx(full, live ? static_cast<unsigned>(L::kState) + tok : 0u);
+  const unsigned state_bytes = CM ? 0u : static_cast<unsigned>(L::kState);
+  if (lane == 0) mbar_expect_tx(full, live ? state_bytes + tok : 0u);
   __syncwarp();
-  if (live) {
-    const float* src = a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * L::kCB;
-    if (a.hin_s2 == L::kCB) {  // the item's rows are contiguous: one copy
-      if (lane == 0) bulk_copy_hint(slot, src, L::kState, full, policy);
-    } else {  // a copy per row (a 512-byte copy per row doubled the period: bench/NOTES-gpu.md v36)
-#pragma unroll
-      for (int r = lane; r < L::kDK; r += 32)
-        bulk_copy_hint(slot + r * L::kCB * 4, src + r * a.hin_s2, L::kCB * 4, full, policy);
-    }
-    if (lane < 3 * T) {  // row l: q (l < T), k, v of token l % T
+  auto copy_tokens = [&] {
+    if (live && lane < 3 * T) {  // row l: q (l < T), k, v of token l % T
       const int which = lane / T, t = lane - which * T;
       const TokenRows& r = which == 0 ? x.rows.q : (which == 1 ? x.rows.k : x.rows.v);
       bulk_copy(slot + L::row(which, t, T, ES), r.at(t), L::kCB * ES, full);
     }
+  };
+  std::uint64_t* sbar = CM ? state_full : full;
+  if constexpr (CM) {
+    copy_tokens();
+    if (lane == 0) mbar_arrive_expect_tx(sbar, live ? static_cast<unsigned>(L::kState) : 0u);
+    __syncwarp();
+  }
+  if (live) {
+    const float* src = a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * L::kCB;
+    if (a.hin_s2 == L::kCB) {  // the item's rows are contiguous: one copy
+      if (lane == 0) bulk_copy_hint(slot, src, L::kState, sbar, policy);
+    } else {  // a copy per row (a 512-byte copy per row doubled the period: bench/NOTES-gpu.md v36)
+#pragma unroll
+      for (int r = lane; r < L::kDK; r += 32)
+        bulk_copy_hint(slot + r * L::kCB * 4, src + r * a.hin_s2, L::kCB * 4, sbar, policy);
+    }
+    if constexpr (!CM) copy_tokens();
     if (PK && lane >= 3 * T && lane < 4 * T) {  // raw g row of token lane - 3T
       const int t = lane - 3 * T;
       bulk_copy(slot + L::g_row(t, T, ES, g_es), x.rows.g.at(t), L::kCB * g_es, full);
@@ -245,9 +280,10 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
 // The producer warp: once the consumers are done with the slot's item, its rows -> the output
 // state (one bulk store, or one per row where the rows are not contiguous), unless nothing is to
 // be written (skipped row, every token masked in place, no output state).
+template <bool CM = false>
 __device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* slot,
                                            std::uint64_t policy, int lane) {
-  using L = RingLayout;
+  using L = RingLayoutT<CM>;
   const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
   bool stepped = false;
   for (int t = 0; t < a.T; ++t) stepped |= h->step[t] != 0.f;
@@ -538,6 +574,165 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
   fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
 }
 
+// ---- the consumers as one chunk on the tensor cores (CM) ----
+//
+// T = 1 .. 8 tokens of 16-bit inputs (exact in tf32) with a scalar gate as one chunk: the chunk
+// form of recurrent_chunk.cuh (its header states the math and the fragment layouts) on the slot, so
+// that an item costs the consumers about the same whatever T instead of ~0.5 us per token
+// (ring_consume_tokens). The chunk's coefficients need only its tokens and scalars: a tenth warp
+// forms them an item ahead (ring_chunk_coefficients) into one of two buffers, so that the eight
+// consumer warps never wait for each other: warp w takes the state's columns 16 w .. 16 w + 15 and
+// reads the raw token rows itself (the slot's rows are padded so that those reads are free of bank
+// conflicts).
+
+// Coefficient buffer b's mbarriers: ready (the coefficient warp's 32 arrivals) and free (the
+// consumers' NC arrivals after their last read).
+struct RingCoefBars {
+  std::uint64_t* ready;
+  std::uint64_t* free;
+};
+
+// The coefficient warp's loop: item k of the block (slot k % kRingSlots) -> buffer k % 2, once the
+// consumers are done with item k - 2's: its Gram X X^T over all keys on the tensor cores
+// (chunk_gram_part), then chunk_coefficients; its arrival on ready[k % 2] releases them. An item
+// that is not live has no coefficients, but the same arrivals (the buffers alternate strictly).
+template <int DT>
+__device__ __forceinline__ void ring_chunk_coefficients(const RecurrentArgs& a, char* sm,
+                                                        std::uint64_t* full, RingCoefBars bars,
+                                                        unsigned items, int lane) {
+  using L = RingLayoutT<true>;
+  constexpr int ES = 2, RS = L::kRowBytes / ES;
+  const int T = static_cast<int>(a.T);
+  int s = 0;
+  for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+    const char* slot = sm + s * L::kSlot;
+    const int b = k & 1;
+    mbar_wait(&full[s], (k / kRingSlots) & 1u);
+    if (k >= 2) mbar_wait(&bars.free[b], ((k - 2) >> 1) & 1u);
+    const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
+    if (h->live) {
+      float* buf = reinterpret_cast<float*>(sm + L::kPart + b * L::kCoefBuf);
+      chunk_gram_part<DT, 1, RS>(slot + L::row(0, 0, T, ES), slot + L::row(1, 0, T, ES), T, h->step,
+                                 buf + L::kCGram, 0, lane);
+      chunk_coefficients<1>(a, T, h->a, h->beta, h->step, buf + L::kCGram, buf + L::kCL,
+                            buf + L::kCTi, buf + L::kCCoef, lane);
+    }
+    mbar_arrive(&bars.ready[b]);
+    s = s + 1 == kRingSlots ? 0 : s + 1;
+  }
+}
+
+// A consumer warp's item k (in `slot`, coefficients in buffer k % 2 once ready): K's B operands
+// (tokens 2c, 2c + 1, key 8 j + g) from the raw rows into registers (zero for masked or padding
+// tokens); once the state is in (`state_full`), its fragments from the slot (an 8-byte load per key
+// row: keys 8 j + 2c (+ 1), columns c0 = 16 w + 2g, c1 = c0 + 1) and P^T = S0^T [K; Q]^T with X's
+// B operands (tokens g, keys 8 j + 2c, + 1) read from the raw rows; once the coefficients are
+// ready, those it uses into registers (then free[k % 2]); B = beta v - cK P_k with the v of its
+// columns, U^T = B^T Ti^T, O^T = diag(cQ) P_q^T + U^T Mo^T (o to global memory) and S^T = gamma
+// S^T + (U diag(cU))^T K written back to the slot, then `done` (the producer bulk-stores it).
+template <int DT>
+__device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char* slot,
+                                                   const RingHeader* h, const float* buf,
+                                                   RingCoefBars bars, unsigned coef_phase,
+                                                   std::uint64_t* state_full, unsigned phase,
+                                                   std::uint64_t* done, int warp, int lane) {
+  static_assert(DT != kF32, "16-bit inputs: exact in tf32, no lo parts");
+  using L = RingLayoutT<true>;
+  using Cf = ChunkCoef;
+  constexpr int ES = 2, KT = L::kDK / 8, CB = L::kCB;
+  const int T = static_cast<int>(a.T), lg = lane >> 2, lc = lane & 3;
+  const int c0 = 16 * warp + 2 * lg, c1 = c0 + 1, s0 = 2 * lc, s1 = s0 + 1;
+  const float* ms = h->step;
+  const bool live_g = lg < T && ms[lg] != 0.f;
+  const bool live0 = s0 < T && ms[s0] != 0.f, live1 = s1 < T && ms[s1] != 0.f;
+  const char* qrow = slot + L::row(0, live_g ? lg : 0, T, ES);
+  const char* krow = slot + L::row(1, live_g ? lg : 0, T, ES);
+  const char* k0row = slot + L::row(1, live0 ? s0 : 0, T, ES);
+  const char* k1row = slot + L::row(1, live1 ? s1 : 0, T, ES);
+  float s[KT][4];
+  float2 kf[KT];  // K's B fragments (tokens 2c, 2c + 1 at key 8 j + g)
+#pragma unroll
+  for (int j = 0; j < KT; ++j) {
+    const int key = 8 * j + lg;
+    const float y0 = raw_at(k0row, key, DT), y1 = raw_at(k1row, key, DT);
+    kf[j] = make_float2(live0 ? y0 : 0.f, live1 ? y1 : 0.f);
+  }
+  mbar_wait(state_full, phase);
+  {
+    const float* st = reinterpret_cast<const float*>(slot) + s0 * CB + c0;
+#pragma unroll
+    for (int j = 0; j < KT; ++j) {
+      const float2 r0 = *reinterpret_cast<const float2*>(st + 8 * j * CB);
+      const float2 r1 = *reinterpret_cast<const float2*>(st + (8 * j + 1) * CB);
+      s[j][0] = r0.x, s[j][2] = r0.y, s[j][1] = r1.x, s[j][3] = r1.y;
+    }
+  }
+  // P^T = S0^T [K; Q]^T: pk (k tokens), pq (q tokens), main + correction accumulators, each over
+  // even and odd key tiles apart (eight chains of 8 products instead of four of 16).
+  float pk[2][4] = {}, pke[2][4] = {}, pq[2][4] = {}, pqe[2][4] = {};
+#pragma unroll
+  for (int j = 0; j < KT; ++j) {
+    const int key = 8 * j + 2 * lc, e = j & 1;
+    const float2 kk = raw_pair(krow, key, DT), qq = raw_pair(qrow, key, DT);
+    const float4 x = live_g ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 xa = make_float4(s[j][0], s[j][2], s[j][1], s[j][3]);
+    const float4 ah = tf32_hi4(xa), al = sub4(xa, ah);
+    mma_tf32(pk[e], ah, x.x, x.y);
+    mma_tf32(pke[e], al, x.x, x.y);
+    mma_tf32(pq[e], ah, x.z, x.w);
+    mma_tf32(pqe[e], al, x.z, x.w);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    pk[0][r] += pke[0][r] + (pk[1][r] + pke[1][r]);
+    pq[0][r] += pqe[0][r] + (pq[1][r] + pqe[1][r]);
+  }
+  // The coefficients this thread uses, then the buffer is free.
+  mbar_wait(bars.ready, coef_phase);
+  const float* coef = buf + L::kCCoef;
+  const float be0 = coef[Cf::kBE + s0], be1 = coef[Cf::kBE + s1];
+  const float ck0 = coef[Cf::kCK + s0], ck1 = coef[Cf::kCK + s1];
+  const float cq0 = coef[Cf::kCQ + s0], cq1 = coef[Cf::kCQ + s1];
+  const float cu0 = coef[Cf::kCU + s0], cu1 = coef[Cf::kCU + s1], gl = coef[Cf::kGamma];
+  const float4 tf = reinterpret_cast<const float4*>(coef + Cf::kTiF)[lane];
+  const float4 mf = reinterpret_cast<const float4*>(coef + Cf::kMoF)[lane];
+  mbar_arrive(bars.free);
+  // B = beta v - cK P_k in the A order of U^T's product, then the slot is free.
+  const char* v0row = slot + L::row(2, s0, T, ES);
+  const char* v1row = slot + L::row(2, s1, T, ES);
+  auto bval = [&](const char* vrow, int col, float be, float ck, float p) {
+    return be != 0.f ? be * raw_at(vrow, col, DT) - ck * p : 0.f;
+  };
+  const float4 bb =
+      make_float4(bval(v0row, c0, be0, ck0, pk[0][0]), bval(v0row, c1, be0, ck0, pk[0][2]),
+                  bval(v1row, c0, be1, ck1, pk[0][1]), bval(v1row, c1, be1, ck1, pk[0][3]));
+  const std::int64_t n = h->n, hv = h->hv, col0 = static_cast<std::int64_t>(h->split) * CB;
+  // U^T = B^T Ti^T; O^T = diag(cQ) P_q^T + U^T Mo^T, stored for the item's tokens.
+  float u[4] = {0.f, 0.f, 0.f, 0.f};
+  chunk_u(bb, tf, u);
+  float o[4] = {cq0 * pq[0][0], cq1 * pq[0][1], cq0 * pq[0][2], cq1 * pq[0][3]};
+  chunk_store_o<DT>(a, o, u, mf, n * a.o_sb + hv * a.o_sh + col0, T, s0, c0);
+  // S^T = gamma S^T + (U diag(cU))^T K, written back to the slot (the producer bulk-stores it:
+  // register stores to the pool ran ~12 % slower in the steady state, bench/NOTES-gpu.md v45).
+  const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
+  const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
+  float* st = reinterpret_cast<float*>(slot) + s0 * CB + c0;
+#pragma unroll
+  for (int j = 0; j < KT; ++j) {
+    float e[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[j][r] *= gl;
+    mma_tf32(s[j], uh, kf[j].x, kf[j].y);
+    mma_tf32(e, ul, kf[j].x, kf[j].y);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[j][r] += e[r];
+    *reinterpret_cast<float2*>(st + 8 * j * CB) = make_float2(s[j][0], s[j][2]);
+    *reinterpret_cast<float2*>(st + (8 * j + 1) * CB) = make_float2(s[j][1], s[j][3]);
+  }
+  fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
+  mbar_arrive(done);
+}
+
 // The producer warp's loop. Item k of the block (blockIdx.x + k gridDim.x) goes into slot k %
 // kRingSlots once the slot's previous item (k - kRingSlots) is done, stored and read out of the
 // slot. An item is looked up (its row from state_indices, its scalars: dependent global loads) a
@@ -545,10 +740,12 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
 // latency lies between that wait and the fill: on the H200 a lookup issued right before the fill
 // held each fill ~1-3 us under the ring's own DRAM traffic (per-block timelines, bench/NOTES-gpu.md
 // v39). The first fill goes out before any other lookup.
-template <int DT, bool PK>
+// CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`.
+template <int DT, bool PK, bool CM>
 __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, std::uint64_t* full,
-                                             std::uint64_t* done, unsigned items, int lane) {
-  using L = RingLayout;
+                                             std::uint64_t* state_full, std::uint64_t* done,
+                                             unsigned items, int lane) {
+  using L = RingLayoutT<CM>;
   const std::uint64_t load_policy = l2_policy(!a.state_ld_normal);
   const std::uint64_t store_policy = l2_policy(true);
   unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
@@ -560,14 +757,14 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
     if (k >= kRingSlots) {
       mbar_wait(&done[s], (parity >> s) & 1u);
       parity ^= 1u << s;
-      ring_store(a, slot, store_policy, lane);
+      ring_store<CM>(a, slot, store_policy, lane);
       if (more)
         next = ring_lookup<PK>(a, item + gridDim.x, lane);  // while the store reads the slot
       bulk_wait_read();
       __syncwarp();
-      ring_fill<DT, PK>(a, cur, slot, &full[s], load_policy, lane);
+      ring_fill<DT, PK, CM>(a, cur, slot, &full[s], &state_full[s], load_policy, lane);
     } else {
-      ring_fill<DT, PK>(a, cur, slot, &full[s], load_policy, lane);
+      ring_fill<DT, PK, CM>(a, cur, slot, &full[s], &state_full[s], load_policy, lane);
       if (more) next = ring_lookup<PK>(a, item + gridDim.x, lane);
     }
     // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
@@ -588,23 +785,34 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
   for (unsigned j = 0; j < tail; ++j) {
     mbar_wait(&done[s], (parity >> s) & 1u);
     parity ^= 1u << s;
-    ring_store(a, sm + s * L::kSlot, store_policy, lane);
+    ring_store<CM>(a, sm + s * L::kSlot, store_policy, lane);
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
   bulk_wait_all();
 }
 
+// Warps of the ring kernel's block: the consumers, the producer and (CM) the coefficient warp.
+constexpr int ring_warps(bool cm) {
+  return kRingConsumers + 1 + (cm ? 1 : 0);
+}
+
 // One block per SM (persistent): items blockIdx.x, + gridDim.x, ...; 8 consumer warps and one
-// producer warp. DT: the token dtype; PK: a per-key gate.
-template <int DT, bool PK>
-__global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
+// producer warp. DT: the token dtype; PK: a per-key gate; CM: the consumers take the T tokens as
+// one chunk on the tensor cores (ring_consume_chunk; 16-bit inputs, scalar gate), with a tenth
+// warp forming the chunks' coefficients (ring_chunk_coefficients).
+template <int DT, bool PK, bool CM = false>
+__global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
     recurrent_ring_kernel(const RecurrentArgs a) {
-  using L = RingLayout;
+  static_assert(!CM || (DT != kF32 && !PK), "the chunk form: 16-bit inputs, scalar gate");
+  using L = RingLayoutT<CM>;
   constexpr int NC = kRingConsumers * 32;  // consumer threads
   extern __shared__ float4 smem4[];
   char* sm = reinterpret_cast<char*>(smem4);
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(sm + L::kBars);
   std::uint64_t* done = full + kRingSlots;
+  std::uint64_t* coef_ready = done + kRingSlots;  // CM: [2], then coef_free [2]
+  std::uint64_t* coef_free = coef_ready + 2;
+  std::uint64_t* state_full = coef_free + 2;  // CM: [kRingSlots]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned items = static_cast<unsigned>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
   wait_for_prior_grids();
@@ -614,13 +822,26 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
       mbar_init(&full[s], 3 * static_cast<unsigned>(a.T));  // producer lanes [0, 3T) (ring_fill)
       mbar_init(&done[s], NC);
     }
+    if constexpr (CM) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(&coef_ready[b], 32);
+        mbar_init(&coef_free[b], NC);
+      }
+      for (int s = 0; s < kRingSlots; ++s) mbar_init(&state_full[s], 1);
+    }
     mbar_init_fence();
   }
   __syncthreads();
 
   if (warp == kRingConsumers) {
-    ring_produce<DT, PK>(a, sm, full, done, items, lane);
+    ring_produce<DT, PK, CM>(a, sm, full, state_full, done, items, lane);
     return;
+  }
+  if constexpr (CM) {
+    if (warp == kRingConsumers + 1) {
+      ring_chunk_coefficients<DT>(a, sm, full, RingCoefBars{coef_ready, coef_free}, items, lane);
+      return;
+    }
   }
 
   // The consumers.
@@ -632,21 +853,39 @@ __global__ void __launch_bounds__((kRingConsumers + 1) * 32, 1)
                   lane};
   unsigned parity = 0;
   int s = 0;
-  for (unsigned item = blockIdx.x; item < items; item += gridDim.x) {
+  for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
     char* slot = sm + s * L::kSlot;
-    mbar_wait(&full[s], (parity >> s) & 1u);
+    const unsigned phase = (parity >> s) & 1u;
+    mbar_wait(&full[s], phase);
     parity ^= 1u << s;
     const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
+    // CM: coefficient buffer k % 2 and the slot's state barrier, waited for by every item (the
+    // buffers alternate strictly; each fill completes the state barrier once).
+    const int b = k & 1;
+    const unsigned coef_phase = (k >> 1) & 1u;
     if (!h->live) {  // o = 0 (skipped pool row) or NaN (index >= P) for every token
       const float f = h->fill ? 0.f : __int_as_float(0x7fc00000);
       for (int t = warp; t < a.T; t += kRingConsumers)
         store4_from_float(a.o, ring_o_index(a, h, t, lane), DT, a.vec_o, make_float4(f, f, f, f));
-    } else if (a.T == 1) {
-      ring_consume_one<DT, PK>(a, slot, h, c);
+      if constexpr (CM) {
+        mbar_wait(&state_full[s], phase);
+        mbar_wait(&coef_ready[b], coef_phase);
+        mbar_arrive(&coef_free[b]);
+      }
+      mbar_arrive(&done[s]);
+    } else if constexpr (CM) {  // waits for the state and the coefficients, arrives on free[b]
+                                // and done[s] itself
+      ring_consume_chunk<DT>(a, slot, h,
+                             reinterpret_cast<const float*>(sm + L::kPart + b * L::kCoefBuf),
+                             RingCoefBars{&coef_ready[b], &coef_free[b]}, coef_phase,
+                             &state_full[s], phase, &done[s], warp, lane);
     } else {
-      ring_consume_tokens<DT, PK>(a, slot, h, c);
+      if (a.T == 1)
+        ring_consume_one<DT, PK>(a, slot, h, c);
+      else
+        ring_consume_tokens<DT, PK>(a, slot, h, c);
+      mbar_arrive(&done[s]);
     }
-    mbar_arrive(&done[s]);
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
 }

@@ -143,16 +143,42 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
 // (15.5) 75.73 | 71.90; T = 2: B = 8 (1.9) 14.31 | 13.07, B = 16 27.01 | 19.79, B = 32 49.46 |
 // 39.28, B = 64 91.15 | 73.34; T = 4: B = 8 17.21 | 16.07, B = 16 32.59 | 24.19, B = 32 62.58 |
 // 41.68, B = 64 113.6 | 78.22.
+// With its consumers on one chunk (chunk_math: recurrent_ring_chunk_math below; bench/NOTES-gpu.md
+// v45, bench/results/2026-12-04-decode-ring-chunk.json; us, the rule's chunk kernel | ring token
+// by token | ring on one chunk, same process): T = 8: B = 8 (1.9 items per SM) 13.61 | 18.82 |
+// 16.17, B = 32 (7.8) 46.52 | 50.87 | 43.13, B = 128 158.96 | 176.26 | 151.51, B = 256 315.00 |
+// 341.63 | 293.70 (90.8 % of copy).
 // Rule: contiguous items; T = 1 more than 3 and at most 8 items per SM (per-key at most 16),
-// T = 2..5 more than 2 per SM (per-key more than 1.5), T = 6 more than 3 per SM, never from T = 7.
+// T = 2..5 more than 2 per SM (per-key more than 1.5), T = 6 more than 3 per SM; T = 7 and 8 with
+// the chunk consumers from 6 items per SM (B = 8 to 32 between the measured sizes not timed),
+// else never.
 constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
-                                        bool contiguous, bool per_key, int sm_count) {
+                                        bool contiguous, bool per_key, int sm_count,
+                                        bool chunk_math = false) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
   if (!contiguous) return false;
+  if (tokens >= 7) return chunk_math && items >= 6 * sms;
   if (tokens == 1) return items > 3 * sms && items <= (per_key ? 16 : 8) * sms;
   if (tokens <= 5) return per_key ? 2 * items > 3 * sms : items > 2 * sms;
   return tokens == 6 && items > 3 * sms;
 }
+
+// The ring kernel's consumers take the item's tokens as one chunk on the tensor cores
+// (recurrent_ring.cuh, ring_consume_chunk) instead of token by token: 16-bit inputs (exact in
+// tf32) with a scalar gate. Their cost per item is flat in T and above the copy period (~4.1 us
+// per item and SM), where token by token costs ~0.5 us per token. Measured on the H200
+// (bench/NOTES-gpu.md v45, bench/results/2026-12-04-decode-ring-chunk.json; Hv = 32, Dk = Dv =
+// 128, the ring forced, us tokens | chunk): T = 1: B = 32 36.55 | 39.77, B = 256 268.2 | 280.5;
+// T = 4: B = 8 14.18 | 15.69, B = 32 38.91 | 41.15, B = 128 140.4 | 147.9, B = 256 275.5 | 286.4;
+// T = 8: B = 8 18.82 | 16.17, B = 32 50.87 | 43.13, B = 128 176.3 | 151.5, B = 256 341.6 | 293.7
+// (T = 6 in the form with register stores, v45: about even). Rule: from 7 tokens.
+constexpr bool recurrent_ring_chunk_math(std::int64_t tokens, int input_bytes, bool per_key) {
+  return tokens >= 7 && input_bytes == 2 && !per_key;
+}
+
+// Tests and benchmarks: the ring kernel's consumers 1 = token by token, 2 = one chunk on the
+// tensor cores wherever it exists (16-bit inputs, scalar gate); 0 restores the rule.
+void set_recurrent_ring_math_override(int mode);
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
 // (128 only where Dv % 128 == 0); 0 restores the rule.

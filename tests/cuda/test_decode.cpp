@@ -73,17 +73,22 @@ class StreamScope {
 // tokens copied during the current one) with static and with dynamic items; 10 = the ring kernel
 // where it applies (1 to 8 tokens of 16-bit inputs or 1 to 4 of f32, k-first fp32 state, Dk = 128,
 // Dv % 128 == 0, scalar gate, aligned rows; the rules elsewhere), 11 = the ring kernel on a grid of
-// 2 blocks (several items per block: its slots refilled and reused).
+// 2 blocks (several items per block: its slots refilled and reused), 12 = the ring kernel with its
+// consumers token by token, 13 and 14 = the ring kernel with its consumers on one chunk (tensor
+// cores) wherever that exists (16-bit inputs, scalar gate), on the resident blocks and on 2.
 class PathScope {
  public:
   explicit PathScope(int path) {
     cuda::set_recurrent_path_override(path >= 10 ? 5 : (path >= 5 ? 4 : path));
     cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
     cuda::set_recurrent_chunk_first_override(path == 7 ? 2 : 0);
-    cuda::set_recurrent_chunk_blocks_override(path == 8 || path == 9 ? 3 : (path == 11 ? 2 : 0));
+    cuda::set_recurrent_chunk_blocks_override(
+        path == 8 || path == 9 ? 3 : (path == 11 || path == 14 ? 2 : 0));
     cuda::set_recurrent_chunk_schedule_override(path == 8 ? 1 : (path == 9 ? 2 : 0));
+    cuda::set_recurrent_ring_math_override(path == 12 ? 1 : (path == 13 || path == 14 ? 2 : 0));
   }
   ~PathScope() {
+    cuda::set_recurrent_ring_math_override(0);
     cuda::set_recurrent_path_override(0);
     cuda::set_recurrent_chunk_columns_override(0);
     cuda::set_recurrent_chunk_first_override(0);
@@ -100,7 +105,7 @@ using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
 // Every path of PathScope (above).
-constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
 
 // The paths every case runs through: all, or those listed in GDR_TEST_PATHS (numbers separated
 // by anything else, e.g. "8" or "4,10", to run one path under compute-sanitizer).
@@ -135,6 +140,9 @@ const char* path_name(int path) {
     case 9: return " [chunk path, 3 blocks, dynamic items]";
     case 10: return " [ring path]";
     case 11: return " [ring path, 2 blocks]";
+    case 12: return " [ring path, token by token]";
+    case 13: return " [ring path, one chunk]";
+    case 14: return " [ring path, one chunk, 2 blocks]";
     default: return " [staged path]";
   }
 }
