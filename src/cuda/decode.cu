@@ -537,6 +537,17 @@ bool ring_items_contiguous(const RecurrentArgs& a) {
   return a.hin_s2 == cb && (!a.h_out || a.hout_s2 == cb);
 }
 
+// The ring kernel's consumers take the tokens as one chunk on the tensor cores (16-bit inputs,
+// scalar gate) by the rule or the override, else token by token: what launch_ring runs, and what
+// launch weighs when it prefers the ring kernel.
+bool ring_chunk_math(const RecurrentArgs& a, const Problem& prob) {
+  const bool per_key = prob.gate == GateKind::per_key;
+  const int math = g_ring_math_override.load(std::memory_order_relaxed);
+  return prob.dtype != DType::f32 && !per_key &&
+         (math == 2 ||
+          (math == 0 && recurrent_ring_chunk_math(a.T, dtype_size(prob.dtype), per_key)));
+}
+
 // The ring kernel (recurrent_ring.cuh): one persistent block per SM (at most one per item) on
 // items of 128 value columns.
 void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
@@ -546,13 +557,7 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
   a.prefetch_blocks = a.prefetch_wave = 0;
   // Evict-first state loads unless the load override asks for the default policy.
   a.state_ld_normal = g_load_override.load(std::memory_order_relaxed) == 2;
-  // The consumers' math: one chunk on the tensor cores (16-bit inputs, scalar gate) by the rule or
-  // the override, else token by token.
-  const bool per_key = prob.gate == GateKind::per_key;
-  const int math = g_ring_math_override.load(std::memory_order_relaxed);
-  const bool chunk_math =
-      prob.dtype != DType::f32 && !per_key &&
-      (math == 2 || (math == 0 && recurrent_ring_chunk_math(a.T, dtype_size(prob.dtype), per_key)));
+  const bool chunk_math = ring_chunk_math(a, prob);
   const std::size_t smem =
       chunk_math ? detail::RingLayoutT<true>::kBytes : detail::RingLayout::kBytes;
   const int threads = detail::ring_warps(chunk_math) * 32;
@@ -572,7 +577,7 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     check(cudaGetLastError(), op, "ring kernel launch");
     return;
   }
-  with_bool(per_key, [&](auto pk) {
+  with_bool(prob.gate == GateKind::per_key, [&](auto pk) {
     constexpr bool PK = decltype(pk)::value;
     if (prob.dtype == DType::bf16)
       go(detail::recurrent_ring_kernel<detail::kBF16, PK>);
@@ -599,9 +604,8 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
                              prob.Dv, a.state_bf16, a.h_in != nullptr,
                              a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
       (path == 5 ||
-       (path == 0 && recurrent_ring_preferred(
-                         a.T, heads, prob.Dv, ring_items_contiguous(a), per_key, sms,
-                         recurrent_ring_chunk_math(a.T, dtype_size(prob.dtype), per_key))))) {
+       (path == 0 && recurrent_ring_preferred(a.T, heads, prob.Dv, ring_items_contiguous(a),
+                                              per_key, sms, ring_chunk_math(a, prob))))) {
     launch_ring(a, prob, sms, op, stream);
     return;
   }

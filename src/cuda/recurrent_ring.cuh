@@ -697,7 +697,7 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   const float4 tf = reinterpret_cast<const float4*>(coef + Cf::kTiF)[lane];
   const float4 mf = reinterpret_cast<const float4*>(coef + Cf::kMoF)[lane];
   mbar_arrive(bars.free);
-  // B = beta v - cK P_k in the A order of U^T's product, then the slot is free.
+  // B = beta v - cK P_k in the A order of U^T's product.
   const char* v0row = slot + L::row(2, s0, T, ES);
   const char* v1row = slot + L::row(2, s1, T, ES);
   auto bval = [&](const char* vrow, int col, float be, float ck, float p) {
@@ -713,7 +713,7 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   float o[4] = {cq0 * pq[0][0], cq1 * pq[0][1], cq0 * pq[0][2], cq1 * pq[0][3]};
   chunk_store_o<DT>(a, o, u, mf, n * a.o_sb + hv * a.o_sh + col0, T, s0, c0);
   // S^T = gamma S^T + (U diag(cU))^T K, written back to the slot (the producer bulk-stores it:
-  // register stores to the pool ran ~12 % slower in the steady state, bench/NOTES-gpu.md v45).
+  // register stores to the pool ran 7-9 % slower from B = 128, bench/NOTES-gpu.md v45).
   const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
   const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
   float* st = reinterpret_cast<float*>(slot) + s0 * CB + c0;
