@@ -9,6 +9,7 @@
 // chunk kernel's) and the fused options are run-time values (read in the per-chunk staging code
 // only); and the ring kernel (recurrent_ring.cuh: 1 to 8 tokens, k-first fp32 state, Dk = 128,
 // Dv a multiple of 128, scalar gate; three token dtypes).
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (the ring kernel's tensor maps)
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -46,11 +47,12 @@ std::atomic<int> g_chunk_blocks_override{0};
 std::atomic<int> g_pdl_override{0};
 std::atomic<int> g_ring_math_override{0};
 
-// Launches kernel(a) on `grid` blocks; with `pdl`, as a programmatic dependent launch (sm_90:
-// the kernel may start while the previous kernel in the stream drains and waits for it in
+// Launches kernel(args...) on `grid` blocks; with `pdl`, as a programmatic dependent launch
+// (sm_90: the kernel may start while the previous kernel in the stream drains and waits for it in
 // wait_for_prior_grids before any global memory access).
-void launch_kernel(void (*kernel)(const RecurrentArgs), unsigned grid, unsigned threads,
-                   std::size_t smem, cudaStream_t stream, const RecurrentArgs& a, bool pdl) {
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned threads, std::size_t smem,
+                   cudaStream_t stream, bool pdl, const Args&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(threads);
@@ -61,7 +63,7 @@ void launch_kernel(void (*kernel)(const RecurrentArgs), unsigned grid, unsigned 
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = pdl ? 1 : 0;
-  (void)cudaLaunchKernelEx(&config, kernel, a);  // errors: cudaGetLastError after the launch
+  (void)cudaLaunchKernelEx(&config, kernel, args...);  // errors: cudaGetLastError after the launch
 }
 
 // Programmatic dependent launches: the rule is on (bench/NOTES-gpu.md, v40: up to 0.3 us less
@@ -500,7 +502,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const dim3 grid(static_cast<unsigned>(blocks));
     auto launch = [&](auto kernel) {  // its shared memory allowed once per device (cached)
       allow_shared(reinterpret_cast<const void*>(kernel), smem, prob.device_index, op);
-      launch_kernel(kernel, grid.x, threads, smem, stream, a, pdl_wanted() && !dynamic);
+      launch_kernel(kernel, grid.x, threads, smem, stream, pdl_wanted() && !dynamic, a);
     };
     if (dynamic)
       launch(detail::recurrent_chunk_kernel<W, DT, true, true, SB>);
@@ -538,8 +540,8 @@ bool ring_items_contiguous(const RecurrentArgs& a) {
 }
 
 // The ring kernel's consumers take the tokens as one chunk on the tensor cores (16-bit inputs,
-// scalar gate) by the rule or the override, else token by token: what launch_ring runs, and what
-// launch weighs when it prefers the ring kernel.
+// scalar gate) by the rule or the override, else token by token: what launch decides for both its
+// preference and launch_ring (which also needs the state's tensor maps: ring_maps).
 bool ring_chunk_math(const RecurrentArgs& a, const Problem& prob) {
   const bool per_key = prob.gate == GateKind::per_key;
   const int math = g_ring_math_override.load(std::memory_order_relaxed);
@@ -548,16 +550,75 @@ bool ring_chunk_math(const RecurrentArgs& a, const Problem& prob) {
           (math == 0 && recurrent_ring_chunk_math(a.T, dtype_size(prob.dtype), per_key)));
 }
 
+// The driver's tensor-map encoder, through the runtime (no link against libcuda); null where the
+// driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const auto encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// One state's tensor map for the chunk consumers (detail::RingMaps): [rows][Hv][Dk][Dv] f32 with
+// strides (s0, s1, s2) elements, columns contiguous, as a 5-D tensor (32 columns, Dv / 32 stripes
+// of them 128 bytes apart, keys, value heads, rows) moved in boxes of 32 x 4 x 128 (one item: its
+// 128 columns and 128 keys, in the order of its rows) with the 128-byte swizzle. False where a map
+// cannot describe it: an address or a stride not a multiple of 16 bytes, a stride not positive or
+// from 2^40 bytes, more rows than a 32-bit coordinate. A dimension of one element takes the dense
+// stride (its own is never used).
+bool encode_state_map(CUtensorMap* map, const float* base, const Problem& prob, std::int64_t rows,
+                      std::int64_t s0, std::int64_t s1, std::int64_t s2) {
+  const auto encode = tensor_map_encoder();
+  if (!encode || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || rows <= 0 || rows > INT_MAX)
+    return false;
+  constexpr int stripe = 32;  // columns per 128-byte unit of the swizzle
+  const cuuint64_t dims[5] = {stripe, static_cast<cuuint64_t>(prob.Dv / stripe),
+                              static_cast<cuuint64_t>(prob.Dk), static_cast<cuuint64_t>(prob.Hv),
+                              static_cast<cuuint64_t>(rows)};
+  const std::int64_t element_strides[4] = {stripe, s2, s1, s0};
+  cuuint64_t strides[4];
+  std::int64_t extent = stripe * 4;  // bytes spanned by the dimensions inside
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t bytes = dims[i + 1] == 1 ? (extent + 15) / 16 * 16 : element_strides[i] * 4;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
+    strides[i] = static_cast<cuuint64_t>(bytes);
+    extent = bytes * static_cast<std::int64_t>(dims[i + 1]);
+  }
+  constexpr int cb = detail::RingLayoutT<true>::kCB, dk = detail::RingLayoutT<true>::kDK;
+  const cuuint32_t box[5] = {stripe, cb / stripe, dk, 1, 1};
+  const cuuint32_t steps[5] = {1, 1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 5, const_cast<float*>(base), dims, strides,
+                box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The chunk consumers' tensor maps: the input state and (if any) the output state. False: the
+// maps cannot describe them (the ring's consumers then take the tokens one by one).
+bool ring_maps(const RecurrentArgs& a, const Problem& prob, detail::RingMaps* maps) {
+  *maps = detail::RingMaps{};
+  return a.h_in && encode_state_map(&maps->in, a.h_in, prob, a.P, a.hin_s0, a.hin_s1, a.hin_s2) &&
+         (!a.h_out ||
+          encode_state_map(&maps->out, a.h_out, prob, a.P, a.hout_s0, a.hout_s1, a.hout_s2));
+}
+
 // The ring kernel (recurrent_ring.cuh): one persistent block per SM (at most one per item) on
-// items of 128 value columns.
+// items of 128 value columns; chunk_math: its consumers on one chunk, with the state's maps.
 void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, bool chunk_math, const detail::RingMaps& maps) {
   const std::int64_t items = grid_blocks(a, a.N * prob.Hv, prob.Dv / detail::RingLayout::kCB, op);
   if (items == 0) return;
   a.prefetch_blocks = a.prefetch_wave = 0;
   // Evict-first state loads unless the load override asks for the default policy.
   a.state_ld_normal = g_load_override.load(std::memory_order_relaxed) == 2;
-  const bool chunk_math = ring_chunk_math(a, prob);
   const std::size_t smem =
       chunk_math ? detail::RingLayoutT<true>::kBytes : detail::RingLayout::kBytes;
   const int threads = detail::ring_warps(chunk_math) * 32;
@@ -567,7 +628,7 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the ring kernel does not fit on this device");
     launch_kernel(kernel, static_cast<unsigned>(persistent_grid(items, resident)), threads, smem,
-                  stream, a, pdl_wanted());
+                  stream, pdl_wanted(), a, maps);
   };
   if (chunk_math) {
     if (prob.dtype == DType::bf16)
@@ -603,11 +664,14 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
   if (recurrent_ring_applies(a.T, dtype_size(prob.dtype), varlen, v_first, per_key, prob.Dk,
                              prob.Dv, a.state_bf16, a.h_in != nullptr,
                              a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
-      (path == 5 ||
-       (path == 0 && recurrent_ring_preferred(a.T, heads, prob.Dv, ring_items_contiguous(a),
-                                              per_key, sms, ring_chunk_math(a, prob))))) {
-    launch_ring(a, prob, sms, op, stream);
-    return;
+      (path == 5 || path == 0)) {
+    detail::RingMaps maps{};
+    const bool chunk_math = ring_chunk_math(a, prob) && ring_maps(a, prob, &maps);
+    if (path == 5 || recurrent_ring_preferred(a.T, heads, prob.Dv, ring_items_contiguous(a),
+                                              per_key, sms, chunk_math)) {
+      launch_ring(a, prob, sms, op, stream, chunk_math, maps);
+      return;
+    }
   }
   if (path == 5) path = 0;  // the ring kernel does not apply: the rules
   if (recurrent_chunk_applies(v_first, per_key, prob.Dk,
@@ -640,7 +704,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
                                                   smem, prob.device_index, sms, op);
     set_prefetch(a, blocks, resident, one);
     set_load_policy(a, blocks, resident, one);
-    launch_kernel(kernel, static_cast<unsigned>(blocks), warps * 32, smem, stream, a, pdl_wanted());
+    launch_kernel(kernel, static_cast<unsigned>(blocks), warps * 32, smem, stream, pdl_wanted(), a);
   };
   with_dim(prob.Dk, [&](auto dk) {
     constexpr int DK = decltype(dk)::value;

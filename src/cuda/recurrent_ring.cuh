@@ -20,7 +20,9 @@
 // (tuning.h, recurrent_ring_preferred). With 16-bit inputs and a scalar gate the consumers can
 // instead take the T tokens as one chunk on the tensor cores (CM: ring_consume_chunk, with a tenth
 // warp forming the chunks' coefficients), about flat in T: the rules take it at T = 7 and 8 from 6
-// items per SM (v45: T = 8 at B = 256 ~91 % of the copy rate).
+// items per SM (v45: T = 8 at B = 256 ~91 % of the copy rate); their state moves as one tensor copy
+// each way, swizzled so that the consumers' fragment loads and stores are free of bank conflicts
+// (v46: ~95 %).
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
@@ -49,6 +51,8 @@
 // arrivals of those 3T lanes on the slot's "full" mbarrier (each a release: the consumers' wait
 // acquires the header). Decode in place: an item is read whole before it is written.
 #pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only; decode.cu encodes the maps)
 
 #include <cstdint>
 
@@ -115,6 +119,49 @@ __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// ---- tensor (TMA) copies of a 5-D box through a tensor map (CM: the state, RingMaps) ----
+
+// The box at coordinates (c0 innermost .. c4) of `map` global -> shared (`dst`, 1024-byte aligned
+// for the 128-byte swizzle), completing as transactions on `bar`, with an L2 cache policy.
+__device__ __forceinline__ void tensor_load(void* dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, int c3, int c4, std::uint64_t* bar,
+                                            std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::"
+      "cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+      "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+// The box shared (`src`) -> global at those coordinates, in this thread's current bulk group.
+__device__ __forceinline__ void tensor_store(const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                             int c4, const void* src, std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group.L2::cache_hint [%0, {%1, %2, %3, "
+      "%4, %5}], [%6], %7;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(src)), "l"(policy)
+      : "memory");
+}
+// The box asked of the L2 (no copy to shared memory).
+__device__ __forceinline__ void tensor_prefetch_l2(const CUtensorMap* map, int c0, int c1, int c2,
+                                                   int c3, int c4) {
+  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];" ::"l"(
+                   reinterpret_cast<std::uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+               : "memory");
+}
+
+// The state's tensor maps of the chunk consumers (CM; encoded by the host, decode.cu): the input
+// and the output state as 5-D tensors (32 columns, Dv / 32 stripes of them, keys Dk, value heads
+// Hv, rows P; the state's strides) moved as one box per item (32 x 4 x 128: the item's 128 columns
+// and 128 keys, 64 KB, in the order of its rows) with the 128-byte swizzle
+// (RingLayoutT<true>::state_at). A kernel parameter (__grid_constant__): the maps stay in
+// parameter space.
+struct RingMaps {
+  CUtensorMap in;
+  CUtensorMap out;
+};
+
 // ---- the kernel ----
 
 constexpr int kRingSlots = 3;      // item states in flight per block
@@ -125,11 +172,11 @@ constexpr int kRingMaxTokens = 8;  // tokens per item (T * input bytes <= 16: kT
 // key), so T x (3 input bytes + 4) <= 48 (kTokBytes below): 4 tokens of 16-bit inputs, 3 of f32.
 constexpr int kRingMaxKeyTokens = 4;
 
-// Shared memory of the ring kernel, in bytes: per slot the state [128][128] f32, the raw token
-// rows q [T][128], k [T][128], v [T][128] (the item's columns; any input dtype) and with a per-key
-// gate the raw g rows [T][128] (at most kTokBytes in all), and a header; then the consumers'
-// partial sums (two buffers by barrier parity), the token norms (two buffers by item parity) and
-// the mbarriers.
+// Shared memory of the ring kernel, in bytes: per slot the state [128][128] f32 (CM: in swizzled
+// rows, state_at), the raw token rows q [T][128], k [T][128], v [T][128] (the item's columns; any
+// input dtype) and with a per-key gate the raw g rows [T][128] (at most kTokBytes in all), and a
+// header; then the consumers' partial sums (two buffers by barrier parity), the token norms (two
+// buffers by item parity) and the mbarriers.
 template <bool CM>
 struct RingLayoutT {
   static constexpr int kDK = 128, kCB = 128;
@@ -142,8 +189,9 @@ struct RingLayoutT {
   static constexpr int kRowBytes = kCB * 2 + 16;  // CM
   static constexpr int kTokBytes =
       CM ? 3 * kRingMaxTokens * kRowBytes : 3 * kRingMaxTokens * kCB * 2;
-  static constexpr int kHead = kTok + kTokBytes;    // RingHeader
-  static constexpr int kSlot = kHead + 128;         // bytes per slot (a multiple of 128)
+  static constexpr int kHead = kTok + kTokBytes;  // RingHeader
+  // Bytes per slot: a multiple of 128; CM of 1024 (the state's swizzled boxes: state_at).
+  static constexpr int kSlot = CM ? (kHead + 128 + 1023) / 1024 * 1024 : kHead + 128;
   static constexpr int kPart = kRingSlots * kSlot;  // [2][8 warps][2][128] f32 (consumer area)
   // CM: instead, two coefficient buffers (by item parity), each Gram [16][16], L [8][8], Ti [8][8]
   // and the coefficients (ChunkCoef), f32 (offsets in floats below).
@@ -153,7 +201,20 @@ struct RingLayoutT {
   static constexpr int kBars = kPartX + (CM ? 0 : 2 * kRingConsumers * 16);  // [2][8] float4
   // full[slots], done[slots]; CM: then ready[2], free[2] (the coefficient buffers) and
   // state_full[slots] (full is then the tokens' and the header's only).
-  static constexpr int kBytes = kBars + (2 * kRingSlots + (CM ? 4 + kRingSlots : 0)) * 8;
+  static constexpr int kUsed = kBars + (2 * kRingSlots + (CM ? 4 + kRingSlots : 0)) * 8;
+  // Dynamic shared memory to ask for: CM 1024 bytes more, so that the kernel can start its layout
+  // on a 1024-byte boundary (recurrent_ring_kernel).
+  static constexpr int kBytes = kUsed + (CM ? 1024 : 0);
+  // CM: byte offset in a slot of the state element (key r, column c): rows of 512 bytes whose four
+  // 128-byte units (32 columns each) carry the tensor copy's 128-byte swizzle: 16-byte piece u of
+  // unit n = 4 r + c / 32 at place u ^ (n % 8). So key r + 8 lies 4096 bytes after key r at the
+  // same place in its row, and a consumer's 8-byte fragment loads (keys 8 j + c and 8 j + c + 4,
+  // columns 16 w + 2g: odd and even keys fall on different halves of the banks) take 2 wavefronts
+  // each, where plain 512-byte rows take 4.
+  static __device__ __forceinline__ int state_at(int r, int c) {
+    return r * 512 + (c >> 5) * 128 + ((((c & 31) >> 2) ^ ((4 * r + (c >> 5)) & 7)) << 4) +
+           (c & 3) * 4;
+  }
   // Byte offset in a slot of token t's raw row of q (which = 0), k (1) or v (2).
   static __device__ __forceinline__ int row(int which, int t, int T, int es) {
     return CM ? kTok + (which * kRingMaxTokens + t) * kRowBytes : kTok + (which * T + t) * kCB * es;
@@ -165,7 +226,7 @@ struct RingLayoutT {
 };
 using RingLayout = RingLayoutT<false>;
 static_assert(RingLayout::kSlot % 128 == 0 && RingLayout::kBytes <= 232448);
-static_assert(RingLayoutT<true>::kSlot % 128 == 0 && RingLayoutT<true>::kBytes <= 232448 &&
+static_assert(RingLayoutT<true>::kSlot % 1024 == 0 && RingLayoutT<true>::kBytes <= 232448 &&
               RingLayoutT<true>::kCCoef + ChunkCoef::kSize <= RingLayoutT<true>::kCoefBuf / 4 &&
               RingLayoutT<true>::kCoefBuf % 16 == 0);
 
@@ -221,11 +282,12 @@ __device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsign
 // out of range): no copies, only the header.
 // CM: the state completes on its own barrier `state_full` (one arrival, by lane 0), after the token
 // copies have gone out, so that the coefficient warp can start on the tokens before the state is
-// in.
+// in; it comes as one tensor copy (swizzled: RingLayoutT<true>::state_at).
 template <int DT, bool PK, bool CM = false>
-__device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLookup& x, char* slot,
-                                          std::uint64_t* full, std::uint64_t* state_full,
-                                          std::uint64_t policy, int lane) {
+__device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingMaps& maps,
+                                          const RingLookup& x, char* slot, std::uint64_t* full,
+                                          std::uint64_t* state_full, std::uint64_t policy,
+                                          int lane) {
   using L = RingLayoutT<CM>;
   constexpr int ES = DT == kF32 ? 4 : 2;
   const BlockItem& it = x.it;
@@ -249,7 +311,11 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
     if (lane == 0) mbar_arrive_expect_tx(sbar, live ? static_cast<unsigned>(L::kState) : 0u);
     __syncwarp();
   }
-  if (live) {
+  if (live && CM) {
+    if (lane == 0)
+      tensor_load(slot, &maps.in, 0, it.split * (L::kCB / 32), 0, it.hv, static_cast<int>(it.row),
+                  sbar, policy);
+  } else if (live) {
     const float* src = a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * L::kCB;
     if (a.hin_s2 == L::kCB) {  // the item's rows are contiguous: one copy
       if (lane == 0) bulk_copy_hint(slot, src, L::kState, sbar, policy);
@@ -278,16 +344,21 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingLook
 }
 
 // The producer warp: once the consumers are done with the slot's item, its rows -> the output
-// state (one bulk store, or one per row where the rows are not contiguous), unless nothing is to
-// be written (skipped row, every token masked in place, no output state).
+// state (one bulk store, or one per row where the rows are not contiguous; CM: one tensor store),
+// unless nothing is to be written (skipped row, every token masked in
+// place, no output state).
 template <bool CM = false>
-__device__ __forceinline__ void ring_store(const RecurrentArgs& a, const char* slot,
-                                           std::uint64_t policy, int lane) {
+__device__ __forceinline__ void ring_store(const RecurrentArgs& a, const RingMaps& maps,
+                                           const char* slot, std::uint64_t policy, int lane) {
   using L = RingLayoutT<CM>;
   const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
   bool stepped = false;
   for (int t = 0; t < a.T; ++t) stepped |= h->step[t] != 0.f;
-  if (h->live && a.h_out && (stepped || !a.in_place)) {
+  if (CM && h->live && a.h_out && (stepped || !a.in_place)) {
+    if (lane == 0)
+      tensor_store(&maps.out, 0, h->split * (L::kCB / 32), 0, h->hv, static_cast<int>(h->row), slot,
+                   policy);
+  } else if (h->live && a.h_out && (stepped || !a.in_place)) {
     float* dst = a.h_out + h->row * a.hout_s0 + h->hv * a.hout_s1 + h->split * L::kCB;
     if (a.hout_s2 == L::kCB) {
       if (lane == 0) bulk_store(dst, slot, L::kState, policy);
@@ -623,13 +694,14 @@ __device__ __forceinline__ void ring_chunk_coefficients(const RecurrentArgs& a, 
 }
 
 // A consumer warp's item k (in `slot`, coefficients in buffer k % 2 once ready): K's B operands
-// (tokens 2c, 2c + 1, key 8 j + g) from the raw rows into registers (zero for masked or padding
-// tokens); once the state is in (`state_full`), its fragments from the slot (an 8-byte load per key
-// row: keys 8 j + 2c (+ 1), columns c0 = 16 w + 2g, c1 = c0 + 1) and P^T = S0^T [K; Q]^T with X's
-// B operands (tokens g, keys 8 j + 2c, + 1) read from the raw rows; once the coefficients are
-// ready, those it uses into registers (then free[k % 2]); B = beta v - cK P_k with the v of its
-// columns, U^T = B^T Ti^T, O^T = diag(cQ) P_q^T + U^T Mo^T (o to global memory) and S^T = gamma
-// S^T + (U diag(cU))^T K written back to the slot, then `done` (the producer bulk-stores it).
+// of the update (tokens 2c, 2c + 1, key 8 j + g / 2 + 4 (g % 2)) from the raw rows into registers
+// (zero for masked or padding tokens); once the state is in (`state_full`), its fragments from the
+// slot (an 8-byte load per key row of the swizzled rows: keys 8 j + c and 8 j + c + 4, columns
+// c0 = 16 w + 2g, c1 = c0 + 1) and P^T = S0^T [K; Q]^T with X's B operands (tokens g, the same
+// keys) read from the raw rows; once the coefficients are ready, those it uses into registers
+// (then free[k % 2]); B = beta v - cK P_k with the v of its columns, U^T = B^T Ti^T, O^T = diag(cQ)
+// P_q^T + U^T Mo^T (o to global memory) and S^T = gamma S^T + (U diag(cU))^T K written back to the
+// slot, then `done` (the producer's tensor store takes it).
 template <int DT>
 __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char* slot,
                                                    const RingHeader* h, const float* buf,
@@ -650,31 +722,35 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   const char* k0row = slot + L::row(1, live0 ? s0 : 0, T, ES);
   const char* k1row = slot + L::row(1, live1 ? s1 : 0, T, ES);
   float s[KT][4];
-  float2 kf[KT];  // K's B fragments (tokens 2c, 2c + 1 at key 8 j + g)
+  // K's B fragments of the update (tokens 2c, 2c + 1 at key 8 j + g / 2 + 4 (g % 2): the update's
+  // output column n of tile j is key 8 j + n / 2 + 4 (n % 2), the keys this thread holds).
+  float2 kf[KT];
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
-    const int key = 8 * j + lg;
+    const int key = 8 * j + (lg >> 1) + 4 * (lg & 1);
     const float y0 = raw_at(k0row, key, DT), y1 = raw_at(k1row, key, DT);
     kf[j] = make_float2(live0 ? y0 : 0.f, live1 ? y1 : 0.f);
   }
+  // This thread's state pairs (keys 8 j + c and 8 j + c + 4, columns c0 and c1) in the swizzled
+  // rows: key r + 8 j lies 4096 j bytes after key r at the same place in its row.
+  char* st0 = slot + L::state_at(lc, c0);
+  char* st1 = slot + L::state_at(lc + 4, c0);
   mbar_wait(state_full, phase);
-  {
-    const float* st = reinterpret_cast<const float*>(slot) + s0 * CB + c0;
 #pragma unroll
-    for (int j = 0; j < KT; ++j) {
-      const float2 r0 = *reinterpret_cast<const float2*>(st + 8 * j * CB);
-      const float2 r1 = *reinterpret_cast<const float2*>(st + (8 * j + 1) * CB);
-      s[j][0] = r0.x, s[j][2] = r0.y, s[j][1] = r1.x, s[j][3] = r1.y;
-    }
+  for (int j = 0; j < KT; ++j) {
+    const float2 r0 = *reinterpret_cast<const float2*>(st0 + 4096 * j);
+    const float2 r1 = *reinterpret_cast<const float2*>(st1 + 4096 * j);
+    s[j][0] = r0.x, s[j][2] = r0.y, s[j][1] = r1.x, s[j][3] = r1.y;
   }
   // P^T = S0^T [K; Q]^T: pk (k tokens), pq (q tokens), main + correction accumulators, each over
   // even and odd key tiles apart (eight chains of 8 products instead of four of 16).
   float pk[2][4] = {}, pke[2][4] = {}, pq[2][4] = {}, pqe[2][4] = {};
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
-    const int key = 8 * j + 2 * lc, e = j & 1;
-    const float2 kk = raw_pair(krow, key, DT), qq = raw_pair(qrow, key, DT);
-    const float4 x = live_g ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const int key = 8 * j + lc, e = j & 1;  // A's columns c, c + 4: keys 8 j + c, 8 j + c + 4
+    const float4 x = live_g ? make_float4(raw_at(krow, key, DT), raw_at(krow, key + 4, DT),
+                                          raw_at(qrow, key, DT), raw_at(qrow, key + 4, DT))
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 xa = make_float4(s[j][0], s[j][2], s[j][1], s[j][3]);
     const float4 ah = tf32_hi4(xa), al = sub4(xa, ah);
     mma_tf32(pk[e], ah, x.x, x.y);
@@ -712,11 +788,10 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   chunk_u(bb, tf, u);
   float o[4] = {cq0 * pq[0][0], cq1 * pq[0][1], cq0 * pq[0][2], cq1 * pq[0][3]};
   chunk_store_o<DT>(a, o, u, mf, n * a.o_sb + hv * a.o_sh + col0, T, s0, c0);
-  // S^T = gamma S^T + (U diag(cU))^T K, written back to the slot (the producer bulk-stores it:
-  // register stores to the pool ran 7-9 % slower from B = 128, bench/NOTES-gpu.md v45).
+  // S^T = gamma S^T + (U diag(cU))^T K, written back to the slot (the producer's tensor store
+  // takes it: register stores to the pool ran 7-9 % slower from B = 128, bench/NOTES-gpu.md v45).
   const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
   const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
-  float* st = reinterpret_cast<float*>(slot) + s0 * CB + c0;
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
     float e[4] = {0.f, 0.f, 0.f, 0.f};
@@ -726,10 +801,10 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
     mma_tf32(e, ul, kf[j].x, kf[j].y);
 #pragma unroll
     for (int r = 0; r < 4; ++r) s[j][r] += e[r];
-    *reinterpret_cast<float2*>(st + 8 * j * CB) = make_float2(s[j][0], s[j][2]);
-    *reinterpret_cast<float2*>(st + (8 * j + 1) * CB) = make_float2(s[j][1], s[j][3]);
+    *reinterpret_cast<float2*>(st0 + 4096 * j) = make_float2(s[j][0], s[j][2]);
+    *reinterpret_cast<float2*>(st1 + 4096 * j) = make_float2(s[j][1], s[j][3]);
   }
-  fence_proxy_async();  // this thread's writes to the slot before the bulk store's reads
+  fence_proxy_async();  // this thread's writes to the slot before the tensor store's reads
   mbar_arrive(done);
 }
 
@@ -742,9 +817,9 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
 // v39). The first fill goes out before any other lookup.
 // CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`.
 template <int DT, bool PK, bool CM>
-__device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, std::uint64_t* full,
-                                             std::uint64_t* state_full, std::uint64_t* done,
-                                             unsigned items, int lane) {
+__device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingMaps& maps, char* sm,
+                                             std::uint64_t* full, std::uint64_t* state_full,
+                                             std::uint64_t* done, unsigned items, int lane) {
   using L = RingLayoutT<CM>;
   const std::uint64_t load_policy = l2_policy(!a.state_ld_normal);
   const std::uint64_t store_policy = l2_policy(true);
@@ -757,14 +832,14 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
     if (k >= kRingSlots) {
       mbar_wait(&done[s], (parity >> s) & 1u);
       parity ^= 1u << s;
-      ring_store<CM>(a, slot, store_policy, lane);
+      ring_store<CM>(a, maps, slot, store_policy, lane);
       if (more)
         next = ring_lookup<PK>(a, item + gridDim.x, lane);  // while the store reads the slot
       bulk_wait_read();
       __syncwarp();
-      ring_fill<DT, PK, CM>(a, cur, slot, &full[s], &state_full[s], load_policy, lane);
+      ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
     } else {
-      ring_fill<DT, PK, CM>(a, cur, slot, &full[s], &state_full[s], load_policy, lane);
+      ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
       if (more) next = ring_lookup<PK>(a, item + gridDim.x, lane);
     }
     // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
@@ -772,7 +847,11 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
     // H200 (bench/NOTES-gpu.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
     // 28.3-28.6, B = 32 37.9-38.3 | 37.7-37.9, B = 40 47.1-47.3 | 46.9-47.2, B = 64 74.1-74.6 |
     // 72.1-72.3.
-    if (lane == 0 && more && state_row_live(a, next.it.row) && a.hin_s2 == L::kCB)
+    // CM: the next item's box (any strides the maps take).
+    if (CM && more && state_row_live(a, next.it.row) && lane == 0)
+      tensor_prefetch_l2(&maps.in, 0, next.it.split * (L::kCB / 32), 0, next.it.hv,
+                         static_cast<int>(next.it.row));
+    else if (!CM && lane == 0 && more && state_row_live(a, next.it.row) && a.hin_s2 == L::kCB)
       prefetch_l2(a.h_in + next.it.row * a.hin_s0 + next.it.hv * a.hin_s1 + next.it.split * L::kCB,
                   L::kState);
     cur = next;
@@ -785,7 +864,7 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, char* sm, s
   for (unsigned j = 0; j < tail; ++j) {
     mbar_wait(&done[s], (parity >> s) & 1u);
     parity ^= 1u << s;
-    ring_store<CM>(a, sm + s * L::kSlot, store_policy, lane);
+    ring_store<CM>(a, maps, sm + s * L::kSlot, store_policy, lane);
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
   bulk_wait_all();
@@ -800,14 +879,17 @@ constexpr int ring_warps(bool cm) {
 // producer warp. DT: the token dtype; PK: a per-key gate; CM: the consumers take the T tokens as
 // one chunk on the tensor cores (ring_consume_chunk; 16-bit inputs, scalar gate), with a tenth
 // warp forming the chunks' coefficients (ring_chunk_coefficients).
+// maps: CM only (the state's tensor maps; unused otherwise).
 template <int DT, bool PK, bool CM = false>
 __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
-    recurrent_ring_kernel(const RecurrentArgs a) {
+    recurrent_ring_kernel(const RecurrentArgs a, const __grid_constant__ RingMaps maps) {
   static_assert(!CM || (DT != kF32 && !PK), "the chunk form: 16-bit inputs, scalar gate");
   using L = RingLayoutT<CM>;
   constexpr int NC = kRingConsumers * 32;  // consumer threads
   extern __shared__ float4 smem4[];
   char* sm = reinterpret_cast<char*>(smem4);
+  // CM: the layout from the first 1024-byte boundary (the swizzled boxes; kBytes has the room).
+  if constexpr (CM) sm += (1024u - (smem_addr(sm) & 1023u)) & 1023u;
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(sm + L::kBars);
   std::uint64_t* done = full + kRingSlots;
   std::uint64_t* coef_ready = done + kRingSlots;  // CM: [2], then coef_free [2]
@@ -834,7 +916,7 @@ __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
   __syncthreads();
 
   if (warp == kRingConsumers) {
-    ring_produce<DT, PK, CM>(a, sm, full, state_full, done, items, lane);
+    ring_produce<DT, PK, CM>(a, maps, sm, full, state_full, done, items, lane);
     return;
   }
   if constexpr (CM) {
