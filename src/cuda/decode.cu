@@ -103,15 +103,19 @@ static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, false, 132) &&
               !recurrent_ring_preferred(6, 32 * 12, 128, true, false, 132) &&
               !recurrent_ring_preferred(7, 32 * 32, 128, true, false, 132) &&
               !recurrent_ring_preferred(8, 32 * 32, 128, true, false, 132));
-// T = 7 and 8 with the chunk consumers (16-bit inputs, scalar gate) from 6 items per SM: B = 32
-// yes, B = 24 and 8 no; never with f32 inputs or a per-key gate (no chunk consumers there).
-static_assert(recurrent_ring_chunk_math(8, 2, false) && recurrent_ring_chunk_math(7, 2, false) &&
-              !recurrent_ring_chunk_math(6, 2, false) && !recurrent_ring_chunk_math(8, 4, false) &&
+// T = 6 to 8 with the chunk consumers (16-bit inputs, scalar gate) from 2.5 items per SM: B = 12
+// and 32 yes, B = 8 no; T = 7 and 8 never with f32 inputs or a per-key gate (no chunk consumers
+// there).
+static_assert(recurrent_ring_chunk_math(8, 2, false) && recurrent_ring_chunk_math(6, 2, false) &&
+              !recurrent_ring_chunk_math(5, 2, false) && !recurrent_ring_chunk_math(8, 4, false) &&
               !recurrent_ring_chunk_math(8, 2, true));
 static_assert(recurrent_ring_preferred(8, 32 * 32, 128, true, false, 132, true) &&
               recurrent_ring_preferred(7, 32 * 256, 128, true, false, 132, true) &&
-              !recurrent_ring_preferred(8, 32 * 24, 128, true, false, 132, true) &&
+              recurrent_ring_preferred(8, 32 * 12, 128, true, false, 132, true) &&
+              recurrent_ring_preferred(6, 32 * 12, 128, true, false, 132, true) &&
               !recurrent_ring_preferred(8, 32 * 8, 128, true, false, 132, true) &&
+              !recurrent_ring_preferred(6, 32 * 8, 128, true, false, 132, true) &&
+              !recurrent_ring_preferred(8, 32 * 32, 128, true, false, 132, false) &&
               !recurrent_ring_preferred(8, 32 * 32, 128, false, false, 132, true));
 // A per-key gate: T = 1 at 3 to 16 items per SM (B = 13..66), T = 2..4 from B = 7.
 static_assert(recurrent_ring_preferred(1, 32 * 64, 128, true, true, 132) &&

@@ -148,16 +148,24 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
 // by token | ring on one chunk, same process): T = 8: B = 8 (1.9 items per SM) 13.61 | 18.82 |
 // 16.17, B = 32 (7.8) 46.52 | 50.87 | 43.13, B = 128 158.96 | 176.26 | 151.51, B = 256 315.00 |
 // 341.63 | 293.70 (90.8 % of copy).
+// With the state as one swizzled tensor copy each way (v46, bench/results/
+// 2026-12-04-decode-ring-swizzle-rules.json; us, the rule before v46 | ring token by token | ring
+// on one chunk, same process): T = 8: B = 12 (2.9 items per SM) 21.05 | 24.07 | 17.53, B = 16
+// 25.48 | 29.22 | 22.63, B = 24 35.72 | 40.26 | 31.85, B = 32 42.06 | 50.88 | 42.02, B = 256
+// 285.56 | 338.80 | 285.43; T = 6: B = 12 20.71 | 20.79 | 16.98, B = 16 24.91 | 24.94 | 22.25,
+// B = 32 42.51 | 42.33 | 41.35, B = 256 283.93 | 286.59 | 281.97; T = 8, B = 8 (1.9 per SM): the
+// chunk kernel 13.57, the ring on one chunk 13.80 (2026-12-04-decode-ring-swizzle.json).
 // Rule: contiguous items; T = 1 more than 3 and at most 8 items per SM (per-key at most 16),
-// T = 2..5 more than 2 per SM (per-key more than 1.5), T = 6 more than 3 per SM; T = 7 and 8 with
-// the chunk consumers from 6 items per SM (B = 8 to 32 between the measured sizes not timed),
-// else never.
+// T = 2..5 more than 2 per SM (per-key more than 1.5); T = 6 to 8 with the chunk consumers more
+// than 2.5 per SM (between 1.9 and 2.9 not timed), T = 6 without them more than 3 per SM; else
+// never.
 constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
                                         bool contiguous, bool per_key, int sm_count,
                                         bool chunk_math = false) {
   const std::int64_t items = heads * (dv / 128), sms = sm_count;
   if (!contiguous) return false;
-  if (tokens >= 7) return chunk_math && items >= 6 * sms;
+  if (tokens >= 6 && chunk_math) return 2 * items > 5 * sms;
+  if (tokens >= 7) return false;
   if (tokens == 1) return items > 3 * sms && items <= (per_key ? 16 : 8) * sms;
   if (tokens <= 5) return per_key ? 2 * items > 3 * sms : items > 2 * sms;
   return tokens == 6 && items > 3 * sms;
@@ -171,9 +179,13 @@ constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads,
 // 128, the ring forced, us tokens | chunk): T = 1: B = 32 36.55 | 39.77, B = 256 268.2 | 280.5;
 // T = 4: B = 8 14.18 | 15.69, B = 32 38.91 | 41.15, B = 128 140.4 | 147.9, B = 256 275.5 | 286.4;
 // T = 8: B = 8 18.82 | 16.17, B = 32 50.87 | 43.13, B = 128 176.3 | 151.5, B = 256 341.6 | 293.7
-// (T = 6 in the form with register stores, v45: about even). Rule: from 7 tokens.
+// (T = 6 in the form with register stores, v45: about even). With the swizzled tensor copies (v46;
+// tokens | chunk): T = 5: B = 12 19.00 | 16.41, B = 16 22.61 | 21.71, B = 24 30.58 | 30.75, B = 32
+// 40.20 | 40.71, B = 256 281.15 | 279.13; T = 6: B = 12 20.79 | 16.98, B = 24 33.60 | 31.67, B = 32
+// 42.33 | 41.35, B = 256 286.59 | 281.97. Rule: from 6 tokens (T = 5 is mixed: ahead at B <= 16,
+// up to 1.3 % behind at B = 24 and 32).
 constexpr bool recurrent_ring_chunk_math(std::int64_t tokens, int input_bytes, bool per_key) {
-  return tokens >= 7 && input_bytes == 2 && !per_key;
+  return tokens >= 6 && input_bytes == 2 && !per_key;
 }
 
 // Tests and benchmarks: the ring kernel's consumers 1 = token by token, 2 = one chunk on the
