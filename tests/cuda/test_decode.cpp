@@ -493,6 +493,24 @@ TEST(CudaDecode, MisalignedPool) {
 
 // The launch is captured into a CUDA graph and replayed (the serving pattern); the kernel
 // runs on the caller's stream.
+// The ring kernel's chunk consumers move the state through tensor maps (decode.cu,
+// encode_state_map: a 5-D box per item, 128-byte swizzle): pools whose key rows are padded by 4
+// and 8 elements (row strides of 528 and 544 bytes), two items per head (Dv = 256: the stripe
+// coordinate), a pool with indices and a skipped row, 16-bit inputs at 6 and 8 tokens with a
+// mask. Paths 13 and 14 take the maps; the other paths run the same cases by their kernels.
+TEST(CudaDecode, RingChunkTensorMaps) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (std::int64_t T : {6, 8})
+      for (std::int64_t pad : {0, 4, 8}) {
+        Case c = decode_case(5, T, 2, 4, 128);
+        c.dtype = dtype;
+        c.Dv = pad == 0 ? 256 : 128;
+        c.mask = T == 8;
+        check_decode(c, 9, true, pad);
+      }
+}
+
 TEST(CudaDecode, GraphReplayOnStream) {
   REQUIRE_GPU();
   Case c = decode_case(4, 1, 2, 4, 128);
@@ -624,6 +642,26 @@ TEST(CudaRecurrentForward, OneTokenMaskedFinalState) {
       c.final_state = final_state;
       check_forward(c);
     }
+}
+
+// 8 tokens of bf16 inputs from h0 to a separate final state (the ring kernel's chunk consumers on
+// paths 13 and 14: an input and an output tensor map, the state stored even where every token is
+// masked), and without a final state (no output map: o only).
+TEST(CudaRecurrentForward, RingChunkFinalState) {
+  REQUIRE_GPU();
+  for (bool final_state : {true, false}) {
+    Case c;
+    c.B = 6;
+    c.T = 8;
+    c.Hk = 1;
+    c.Hv = 2;
+    c.Dk = c.Dv = 128;
+    c.dtype = DType::bf16;
+    c.mask = true;
+    c.h0 = true;
+    c.final_state = final_state;
+    check_forward(c);
+  }
 }
 
 TEST(CudaRecurrentForward, VarlenMaskGqaDtypes) {
