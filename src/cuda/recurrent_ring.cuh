@@ -19,10 +19,10 @@
 // hidden behind the copy up to T = 3 and ahead of the staged and chunk kernels up to T = 6
 // (tuning.h, recurrent_ring_preferred). With 16-bit inputs and a scalar gate the consumers can
 // instead take the T tokens as one chunk on the tensor cores (CM: ring_consume_chunk, with a tenth
-// warp forming the chunks' coefficients), about flat in T: the rules take it at T = 7 and 8 from 6
-// items per SM (v45: T = 8 at B = 256 ~91 % of the copy rate); their state moves as one tensor copy
-// each way, swizzled so that the consumers' fragment loads and stores are free of bank conflicts
-// (v46: ~95 %).
+// warp forming the chunks' coefficients), about flat in T (v45: T = 8 at B = 256 ~91 % of the copy
+// rate); their state moves as one tensor copy each way, swizzled so that the consumers' fragment
+// loads and stores are free of bank conflicts (v46: ~95 %), and the rules take them at T = 6 to 8
+// from 2.5 items per SM.
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
@@ -42,14 +42,14 @@
 // "done" mbarrier.
 //
 // The producer warp (warp 8) per slot: waits for "done", bulk-stores the item (rows of 512 bytes,
-// or one 64 KB copy where the item's rows are contiguous), waits until the store has read the
-// slot (looking up the item after the one it fills next meanwhile: ring_produce), and fills it
-// with the item kRingSlots later (whose state it asked the L2 for when it filled the previous
-// slot): the expected bytes, the state and the T tokens' rows q, k, v (and per-key g; bulk
-// copies), then the item's scalars (gate, beta, mask per token; loaded one item ahead with its
-// token rows, one per lane l < 3T) and the rest of the header written to the slot, then the
-// arrivals of those 3T lanes on the slot's "full" mbarrier (each a release: the consumers' wait
-// acquires the header). Decode in place: an item is read whole before it is written.
+// or one 64 KB copy where the item's rows are contiguous; CM: one tensor copy), waits until the
+// store has read the slot (looking up the item after the one it fills next meanwhile:
+// ring_produce), and fills it with the item kRingSlots later (whose state it asked the L2 for when
+// it filled the previous slot): the expected bytes, the state and the T tokens' rows q, k, v (and
+// per-key g; bulk copies), then the item's scalars (gate, beta, mask per token; loaded one item
+// ahead with its token rows, one per lane l < 3T) and the rest of the header written to the slot,
+// then the arrivals of those 3T lanes on the slot's "full" mbarrier (each a release: the consumers'
+// wait acquires the header). Decode in place: an item is read whole before it is written.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; decode.cu encodes the maps)
@@ -345,8 +345,7 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingMaps
 
 // The producer warp: once the consumers are done with the slot's item, its rows -> the output
 // state (one bulk store, or one per row where the rows are not contiguous; CM: one tensor store),
-// unless nothing is to be written (skipped row, every token masked in
-// place, no output state).
+// unless nothing is to be written (skipped row, every token masked in place, no output state).
 template <bool CM = false>
 __device__ __forceinline__ void ring_store(const RecurrentArgs& a, const RingMaps& maps,
                                            const char* slot, std::uint64_t policy, int lane) {
