@@ -21,7 +21,7 @@
 // instead take the T tokens as one chunk on the tensor cores (CM: ring_consume_chunk, with a tenth
 // warp forming the chunks' coefficients), about flat in T (v45: T = 8 at B = 256 ~91 % of the copy
 // rate); their state moves as one tensor copy each way, swizzled so that the consumers' fragment
-// loads and stores are free of bank conflicts (v46: ~95 %), and the rules take them at T = 6 to 8
+// loads and stores are free of bank conflicts (v46: ~94 %), and the rules take them at T = 6 to 8
 // from 2.5 items per SM.
 //
 // Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
