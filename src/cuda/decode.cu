@@ -669,10 +669,16 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
                              prob.Dv, a.state_bf16, a.h_in != nullptr,
                              a.vec_in && (!a.h_out || a.vec_out) && a.vec_tok) &&
       (path == 5 || path == 0)) {
+    const bool contiguous = ring_items_contiguous(a);
+    // The state's tensor maps (host work on every call) only where the ring kernel would run with
+    // its chunk consumers; where they cannot describe the state, its consumers go token by token.
     detail::RingMaps maps{};
-    const bool chunk_math = ring_chunk_math(a, prob) && ring_maps(a, prob, &maps);
-    if (path == 5 || recurrent_ring_preferred(a.T, heads, prob.Dv, ring_items_contiguous(a),
-                                              per_key, sms, chunk_math)) {
+    const bool chunk_math = ring_chunk_math(a, prob) &&
+                            (path == 5 || recurrent_ring_preferred(a.T, heads, prob.Dv, contiguous,
+                                                                   per_key, sms, true)) &&
+                            ring_maps(a, prob, &maps);
+    if (path == 5 ||
+        recurrent_ring_preferred(a.T, heads, prob.Dv, contiguous, per_key, sms, chunk_math)) {
       launch_ring(a, prob, sms, op, stream, chunk_math, maps);
       return;
     }

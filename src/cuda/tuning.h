@@ -173,8 +173,9 @@ constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads,
 
 // The ring kernel's consumers take the item's tokens as one chunk on the tensor cores
 // (recurrent_ring.cuh, ring_consume_chunk) instead of token by token: 16-bit inputs (exact in
-// tf32) with a scalar gate. Their cost per item is flat in T and above the copy period (~4.1 us
-// per item and SM), where token by token costs ~0.5 us per token. Measured on the H200
+// tf32) with a scalar gate. Their cost per item is flat in T (v45: above the copy period of ~4.1
+// us per item and SM; v46, with the swizzled tensor copies, about at it), where token by token
+// costs ~0.5 us per token. Measured on the H200
 // (bench/NOTES-gpu.md v45, bench/results/2026-12-04-decode-ring-chunk.json; Hv = 32, Dk = Dv =
 // 128, the ring forced, us tokens | chunk): T = 1: B = 32 36.55 | 39.77, B = 256 268.2 | 280.5;
 // T = 4: B = 8 14.18 | 15.69, B = 32 38.91 | 41.15, B = 128 140.4 | 147.9, B = 256 275.5 | 286.4;
