@@ -403,9 +403,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup);
   app.add_option("--seed", opt.seed);
   app.add_flag("--sweep-warps", opt.sweep_warps, "also time 1, 2, 4, 8 warps per block");
-  app.add_flag("--paths", opt.paths,
-               "also time the staged kernel (usual and narrow tile), the one-token kernel and the "
-               "chunk kernel (each checked against the reference)");
+  app.add_flag(
+      "--paths", opt.paths,
+      "also time the staged kernel (usual and narrow tile), the one-token, chunk, ring and "
+      "slice kernels (each checked against the reference)");
   app.add_flag("--prefetch-ab", opt.prefetch_ab,
                "also time the launch rule without the next-wave L2 prefetch");
   app.add_option("--prefetch-modes", opt.prefetch_modes, "also time these prefetch override modes");
@@ -423,7 +424,7 @@ int main(int argc, char** argv) {
                "also time the chunk kernel's first state wait early and late (each checked)");
   app.add_option("--path", opt.path,
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged, "
-                 "4 chunk, 5 ring");
+                 "4 chunk, 5 ring, 6 slice");
   app.add_option("--chunk-columns", opt.chunk_columns,
                  "the chunk kernel's block: 32, 64 or 128 value columns (0: the rule)");
   app.add_option(
@@ -507,7 +508,8 @@ int main(int argc, char** argv) {
                                     {2, "one"},
                                     {3, "narrow"},
                                     {4, "chunk"},
-                                    {5, "ring"}}) {
+                                    {5, "ring"},
+                                    {6, "slice"}}) {
             gdr::cuda::set_recurrent_path_override(path);
             const auto [po, ps] = check_as_timed(std::string());
             paths_err[name] = {{"o", po}, {"state", ps}, {"ok", po < tol && ps < state_tol}};
@@ -584,12 +586,13 @@ int main(int argc, char** argv) {
         if (opt.paths)
           std::printf(
               "             staged %9.2f us  one-token %9.2f us  narrow staged %9.2f us  chunk "
-              "%9.2f us  ring %9.2f us%s%s\n",
+              "%9.2f us  ring %9.2f us  slice %9.2f us%s%s%s\n",
               paths["staged"].get<double>(), paths["one"].get<double>(),
               paths["narrow"].get<double>(), paths["chunk"].get<double>(),
-              paths["ring"].get<double>(),
+              paths["ring"].get<double>(), paths["slice"].get<double>(),
               paths_err["chunk"]["ok"].get<bool>() ? "" : " (chunk FAILED the check)",
-              paths_err["ring"]["ok"].get<bool>() ? "" : " (ring FAILED the check)");
+              paths_err["ring"]["ok"].get<bool>() ? "" : " (ring FAILED the check)",
+              paths_err["slice"]["ok"].get<bool>() ? "" : " (slice FAILED the check)");
         rows.push_back(
             {{"B", B},
              {"T", T},

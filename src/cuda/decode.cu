@@ -8,7 +8,9 @@
 // or late, dynamic items} x two state dtypes, 54 kernels); Dv (64, 128, 256), dtypes (but the
 // chunk kernel's) and the fused options are run-time values (read in the per-chunk staging code
 // only); and the ring kernel (recurrent_ring.cuh: 1 to 8 tokens, k-first fp32 state, Dk = 128,
-// Dv a multiple of 128, scalar gate; three token dtypes).
+// Dv a multiple of 128, scalar gate; three token dtypes); and the slice kernel
+// (recurrent_slice.cuh: 1 to 8 tokens of 16-bit inputs for few sequences, k-first fp32 state, Dk =
+// 128, scalar gate; two token dtypes).
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (the ring kernel's tensor maps)
 #include <cuda_runtime.h>
 
@@ -28,6 +30,7 @@
 #include "cuda/recurrent_chunk.cuh"
 #include "cuda/recurrent_one.cuh"
 #include "cuda/recurrent_ring.cuh"
+#include "cuda/recurrent_slice.cuh"
 #include "cuda/tuning.h"
 #include "gdr/error.h"
 
@@ -122,6 +125,15 @@ static_assert(recurrent_ring_preferred(1, 32 * 64, 128, true, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 67, 128, true, true, 132) &&
               recurrent_ring_preferred(2, 32 * 7, 128, true, true, 132) &&
               !recurrent_ring_preferred(4, 32 * 6, 128, true, true, 132));
+// The slice kernel from 2 tokens at B = 1 and 2 (128 and 256 blocks), not at B = 3 or T = 1.
+static_assert(recurrent_slice_preferred(2, 32, 128, 132) &&
+              recurrent_slice_preferred(8, 32 * 2, 128, 132) &&
+              !recurrent_slice_preferred(8, 32 * 3, 128, 132) &&
+              !recurrent_slice_preferred(1, 32, 128, 132));
+static_assert(recurrent_slice_applies(8, 2, false, false, false, 128, false, true) &&
+              !recurrent_slice_applies(9, 2, false, false, false, 128, false, true) &&
+              !recurrent_slice_applies(8, 4, false, false, false, 128, false, true) &&
+              !recurrent_slice_applies(8, 2, false, false, true, 128, false, true));
 static_assert(recurrent_one_warps_per_block(32 * 8, 128, 128, 132) == 1);    // B = 8
 static_assert(recurrent_one_warps_per_block(32 * 32, 128, 128, 132) == 2);   // B = 32
 static_assert(recurrent_one_warps_per_block(32 * 128, 128, 128, 132) == 4);  // B = 128
@@ -654,6 +666,19 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
   check(cudaGetLastError(), op, "ring kernel launch");
 }
 
+// The slice kernel (recurrent_slice.cuh): a block per 32 value columns of a (sequence, value
+// head).
+void launch_slice(RecurrentArgs& a, const Problem& prob, const char* op, cudaStream_t stream) {
+  const std::int64_t blocks = grid_blocks(a, a.N * prob.Hv, prob.Dv / detail::kSliceCols, op);
+  if (blocks == 0) return;
+  a.prefetch_blocks = a.prefetch_wave = 0;
+  const auto kernel = prob.dtype == DType::bf16 ? detail::recurrent_slice_kernel<detail::kBF16>
+                                                : detail::recurrent_slice_kernel<detail::kF16>;
+  launch_kernel(kernel, static_cast<unsigned>(blocks), detail::kSliceWarps * 32, 0, stream,
+                pdl_wanted(), a);
+  check(cudaGetLastError(), op, "slice kernel launch");
+}
+
 void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
             cudaStream_t stream) {
   const std::int64_t heads = a.N * prob.Hv;
@@ -684,6 +709,14 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const char* op,
     }
   }
   if (path == 5) path = 0;  // the ring kernel does not apply: the rules
+  if (recurrent_slice_applies(a.T, dtype_size(prob.dtype), varlen, v_first, per_key, prob.Dk,
+                              a.state_bf16,
+                              (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out) && a.vec_tok) &&
+      (path == 6 || (path == 0 && recurrent_slice_preferred(a.T, heads, prob.Dv, sms)))) {
+    launch_slice(a, prob, op, stream);
+    return;
+  }
+  if (path == 6) path = 0;  // the slice kernel does not apply: the rules
   if (recurrent_chunk_applies(v_first, per_key, prob.Dk,
                               (!a.h_in || a.vec_in) && (!a.h_out || a.vec_out)) &&
       (path == 4 || (path == 0 && !one_applies &&
@@ -788,7 +821,7 @@ void set_recurrent_chunk_columns_override(int columns) {
 }
 
 void set_recurrent_path_override(int path) {
-  g_path_override.store(path >= 1 && path <= 5 ? path : 0);
+  g_path_override.store(path >= 1 && path <= 6 ? path : 0);
 }
 
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {

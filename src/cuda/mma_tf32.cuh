@@ -72,6 +72,12 @@ __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned count) 
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
+// Arrival on named barrier `id` of `count` threads without waiting (producers; the consumers
+// wait with named_barrier_sync on the same id and count).
+__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 // Orders this thread's earlier shared-memory accesses before its later bulk copies.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

@@ -193,6 +193,28 @@ constexpr bool recurrent_ring_chunk_math(std::int64_t tokens, int input_bytes, b
 // tensor cores wherever it exists (16-bit inputs, scalar gate); 0 restores the rule.
 void set_recurrent_ring_math_override(int mode);
 
+// The slice kernel (recurrent_slice.cuh: a block per 32 value columns of a (sequence, value head),
+// the tokens as one chunk on the tensor cores, the state in registers) exists for 1 to 8 tokens of
+// 16-bit inputs with a scalar gate (no varlen) on a k-first fp32 state with Dk = 128, whose token
+// and state rows (read and written) are 16-byte aligned.
+constexpr bool recurrent_slice_applies(std::int64_t tokens, int input_bytes, bool varlen,
+                                       bool v_first, bool per_key, std::int64_t dk, bool bf16_state,
+                                       bool rows_aligned) {
+  return tokens >= 1 && tokens <= 8 && input_bytes == 2 && !varlen && !v_first && !per_key &&
+         dk == 128 && !bf16_state && rows_aligned;
+}
+
+// Where the rules take the slice kernel (when it applies) instead of the staged, chunk or ring
+// kernels: few heads, where a call is latency-bound. Measured on the H200 (bench/NOTES-gpu.md v47,
+// bench/results/2026-12-04-decode-slice*.json; Hv = 32, Dk = Dv = 128, bf16 inputs, us, the best
+// other kernel | slice): B = 1 (128 blocks): T = 2 4.10 (narrow staged) | 4.01, T = 8 6.67
+// (narrow staged) | 4.12; B = 2: T = 8 7.11 (chunk) | 5.33. Rule: from 2 tokens, at most two
+// blocks per SM (B <= 2 at Hv = 32).
+constexpr bool recurrent_slice_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
+                                         int sm_count) {
+  return tokens >= 2 && heads * (dv / 32) <= 2 * static_cast<std::int64_t>(sm_count);
+}
+
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
 // (128 only where Dv % 128 == 0); 0 restores the rule.
 void set_recurrent_chunk_columns_override(int columns);
@@ -283,7 +305,8 @@ void set_recurrent_warps_override(int warps);
 // one-token kernel wherever recurrent_one_applies, the usual staged tile elsewhere; 3 = the staged
 // kernel with the narrow tile wherever it exists (k-first, Dk < 256), the usual tile elsewhere;
 // 4 = the chunk kernel wherever recurrent_chunk_applies, the usual staged tile elsewhere;
-// 5 = the ring kernel wherever recurrent_ring_applies, the rules elsewhere; 0 = the rules.
+// 5 = the ring kernel wherever recurrent_ring_applies, the rules elsewhere; 6 = the slice kernel
+// wherever recurrent_slice_applies, the rules elsewhere; 0 = the rules.
 void set_recurrent_path_override(int path);
 
 // The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block): how many blocks ahead a

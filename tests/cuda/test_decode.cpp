@@ -75,11 +75,13 @@ class StreamScope {
 // Dv % 128 == 0, scalar gate, aligned rows; the rules elsewhere), 11 = the ring kernel on a grid of
 // 2 blocks (several items per block: its slots refilled and reused), 12 = the ring kernel with its
 // consumers token by token, 13 and 14 = the ring kernel with its consumers on one chunk (tensor
-// cores) wherever that exists (16-bit inputs, scalar gate), on the resident blocks and on 2.
+// cores) wherever that exists (16-bit inputs, scalar gate), on the resident blocks and on 2; 15 =
+// the slice kernel where it applies (1 to 8 tokens of 16-bit inputs, k-first fp32 state,
+// Dk = 128, scalar gate, aligned rows; the rules elsewhere).
 class PathScope {
  public:
   explicit PathScope(int path) {
-    cuda::set_recurrent_path_override(path >= 10 ? 5 : (path >= 5 ? 4 : path));
+    cuda::set_recurrent_path_override(path >= 15 ? 6 : (path >= 10 ? 5 : (path >= 5 ? 4 : path)));
     cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
     cuda::set_recurrent_chunk_first_override(path == 7 ? 2 : 0);
     cuda::set_recurrent_chunk_blocks_override(
@@ -105,7 +107,7 @@ using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
 // Every path of PathScope (above).
-constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // The paths every case runs through: all, or those listed in GDR_TEST_PATHS (numbers separated
 // by anything else, e.g. "8" or "4,10", to run one path under compute-sanitizer).
@@ -143,6 +145,7 @@ const char* path_name(int path) {
     case 12: return " [ring path, token by token]";
     case 13: return " [ring path, one chunk]";
     case 14: return " [ring path, one chunk, 2 blocks]";
+    case 15: return " [slice path]";
     default: return " [staged path]";
   }
 }
