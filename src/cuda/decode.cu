@@ -125,10 +125,14 @@ static_assert(recurrent_ring_preferred(1, 32 * 64, 128, true, true, 132) &&
               !recurrent_ring_preferred(1, 32 * 67, 128, true, true, 132) &&
               recurrent_ring_preferred(2, 32 * 7, 128, true, true, 132) &&
               !recurrent_ring_preferred(4, 32 * 6, 128, true, true, 132));
-// The slice kernel from 2 tokens at B = 1 and 2 (128 and 256 blocks), not at B = 3 or T = 1.
+// The slice kernel from 2 tokens at B = 1 and 2 (128 and 256 blocks), from 4 tokens at B = 4 (512
+// blocks), not at B = 8 or T = 1.
 static_assert(recurrent_slice_preferred(2, 32, 128, 132) &&
-              recurrent_slice_preferred(8, 32 * 2, 128, 132) &&
-              !recurrent_slice_preferred(8, 32 * 3, 128, 132) &&
+              recurrent_slice_preferred(2, 32 * 2, 128, 132) &&
+              !recurrent_slice_preferred(2, 32 * 4, 128, 132) &&
+              recurrent_slice_preferred(4, 32 * 4, 128, 132) &&
+              recurrent_slice_preferred(8, 32 * 4, 128, 132) &&
+              !recurrent_slice_preferred(8, 32 * 8, 128, 132) &&
               !recurrent_slice_preferred(1, 32, 128, 132));
 static_assert(recurrent_slice_applies(8, 2, false, false, false, 128, false, true) &&
               !recurrent_slice_applies(9, 2, false, false, false, 128, false, true) &&

@@ -206,13 +206,17 @@ constexpr bool recurrent_slice_applies(std::int64_t tokens, int input_bytes, boo
 
 // Where the rules take the slice kernel (when it applies) instead of the staged, chunk or ring
 // kernels: few heads, where a call is latency-bound. Measured on the H200 (bench/NOTES-gpu.md v47,
-// bench/results/2026-12-04-decode-slice*.json; Hv = 32, Dk = Dv = 128, bf16 inputs, us, the best
-// other kernel | slice): B = 1 (128 blocks): T = 2 4.10 (narrow staged) | 4.01, T = 8 6.67
-// (narrow staged) | 4.12; B = 2: T = 8 7.11 (chunk) | 5.33. Rule: from 2 tokens, at most two
-// blocks per SM (B <= 2 at Hv = 32).
+// bench/results/2026-12-04-decode-slice-paths.json, 545b92a; Hv = 32, Dk = Dv = 128, bf16 inputs,
+// us, the best other kernel | slice, same process): B = 1 (128 blocks): T = 2 4.10 (narrow
+// staged) | 3.81, T = 4 4.94 (narrow) | 3.88, T = 8 6.67 (narrow) | 3.93; B = 2: T = 2 5.44
+// (staged) | 4.97, T = 4 6.44 (staged) | 5.01, T = 8 7.16 (chunk) | 5.12; B = 4 (512 blocks, 3.9
+// per SM): T = 2 7.60 (staged) | 8.07, T = 4 9.06 (staged) | 8.28, T = 8
+// 10.00 (chunk) | 8.45. Rule: from 2 tokens at up to two blocks per SM, from 4 tokens at up to
+// four (B <= 2, and B <= 4 from T = 4, at Hv = 32; T = 3 and B = 3 not timed).
 constexpr bool recurrent_slice_preferred(std::int64_t tokens, std::int64_t heads, std::int64_t dv,
                                          int sm_count) {
-  return tokens >= 2 && heads * (dv / 32) <= 2 * static_cast<std::int64_t>(sm_count);
+  const std::int64_t blocks = heads * (dv / 32), sms = sm_count;
+  return (tokens >= 2 && blocks <= 2 * sms) || (tokens >= 4 && blocks <= 4 * sms);
 }
 
 // Tests and benchmarks: the chunk kernel's items of 32, 64 or 128 value columns whatever the grid
