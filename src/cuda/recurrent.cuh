@@ -327,7 +327,10 @@ struct BlockItem {
   int hv, hk, split;
 };
 
-__device__ __forceinline__ BlockItem block_item_at(const RecurrentArgs& a, unsigned bid) {
+// The item's fields that its index alone gives (no memory read: a kernel may form them before
+// wait_for_prior_grids): sequence, heads and split, tokens [0, T) of batch row n; the row is not
+// set (item_state_row).
+__device__ __forceinline__ BlockItem block_item_head(const RecurrentArgs& a, unsigned bid) {
   BlockItem it;
   const unsigned rest = bid / static_cast<unsigned>(a.splits);
   it.split = static_cast<int>(bid - rest * static_cast<unsigned>(a.splits));
@@ -336,12 +339,22 @@ __device__ __forceinline__ BlockItem block_item_at(const RecurrentArgs& a, unsig
   it.hk = it.hv / a.group;
   it.n = nq;
   it.b = it.n, it.t0 = 0, it.len = a.T;
+  return it;
+}
+
+// The state row of sequence n: state_indices[n], or n.
+__device__ __forceinline__ std::int64_t item_state_row(const RecurrentArgs& a, std::int64_t n) {
+  return a.state_indices ? load_index(a.state_indices, n, a.idx_dtype) : n;
+}
+
+__device__ __forceinline__ BlockItem block_item_at(const RecurrentArgs& a, unsigned bid) {
+  BlockItem it = block_item_head(a, bid);
   if (a.cu_seqlens) {
     it.b = 0;
     it.t0 = load_index(a.cu_seqlens, it.n, a.cu_dtype);
     it.len = load_index(a.cu_seqlens, it.n + 1, a.cu_dtype) - it.t0;
   }
-  it.row = a.state_indices ? load_index(a.state_indices, it.n, a.idx_dtype) : it.n;
+  it.row = item_state_row(a, it.n);
   return it;
 }
 

@@ -75,15 +75,7 @@ __global__ void __launch_bounds__(kSliceWarps * 32) recurrent_slice_kernel(const
   // Before the wait for the previous grid (programmatic dependent launch: this grid may start
   // while that one drains), everything that needs only the parameters: the item (but its pool
   // row), the token rows and this thread's token copies.
-  BlockItem it;
-  {
-    const unsigned rest = blockIdx.x / static_cast<unsigned>(a.splits);
-    it.split = static_cast<int>(blockIdx.x - rest * static_cast<unsigned>(a.splits));
-    const unsigned n = rest / static_cast<unsigned>(a.Hv);
-    it.hv = static_cast<int>(rest - n * static_cast<unsigned>(a.Hv));
-    it.hk = it.hv / a.group;
-    it.n = it.b = n, it.t0 = 0, it.len = a.T;  // no varlen (recurrent_slice_applies)
-  }
+  BlockItem it = block_item_head(a, blockIdx.x);  // no varlen (recurrent_slice_applies)
   const int cnt = static_cast<int>(it.len), col0 = it.split * kSliceCols;
   const std::int64_t orow = it.b * a.o_sb + it.hv * a.o_sh + col0;
   const BlockRows rows = block_rows(a, it, col0);
@@ -130,7 +122,7 @@ __global__ void __launch_bounds__(kSliceWarps * 32) recurrent_slice_kernel(const
   }
   wait_for_prior_grids();
 
-  it.row = a.state_indices ? load_index(a.state_indices, it.n, a.idx_dtype) : it.n;
+  it.row = item_state_row(a, it.n);
   if (!state_row_live(a, it.row)) {  // a skipped pool row: o = 0 (negative index) or NaN (>= P)
     const float fill = it.row < 0 ? 0.f : __int_as_float(0x7fc00000);
     for (int e = tid; e < cnt * kSliceCols; e += NT)

@@ -494,8 +494,6 @@ TEST(CudaDecode, MisalignedPool) {
     }
 }
 
-// The launch is captured into a CUDA graph and replayed (the serving pattern); the kernel
-// runs on the caller's stream.
 // The ring kernel's chunk consumers move the state through tensor maps (decode.cu,
 // encode_state_map: a 5-D box per item, 128-byte swizzle): pools whose key rows are padded by 4
 // and 8 elements (row strides of 528 and 544 bytes), two items per head (Dv = 256: the stripe
@@ -514,6 +512,8 @@ TEST(CudaDecode, RingChunkTensorMaps) {
       }
 }
 
+// The launch is captured into a CUDA graph and replayed (the serving pattern); the kernel
+// runs on the caller's stream.
 TEST(CudaDecode, GraphReplayOnStream) {
   REQUIRE_GPU();
   Case c = decode_case(4, 1, 2, 4, 128);
