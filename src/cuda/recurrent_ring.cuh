@@ -814,7 +814,14 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
 // latency lies between that wait and the fill: on the H200 a lookup issued right before the fill
 // held each fill ~1-3 us under the ring's own DRAM traffic (per-block timelines, bench/NOTES-gpu.md
 // v39). The first fill goes out before any other lookup.
-// CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`.
+// CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`; and the items of
+// the first kRingSlots slots are looked up together at the start and filled one after the other,
+// without an L2 request for the items of slots 1 and 2 (their fills go out at once). Measured on
+// the H200 (bench/NOTES-gpu.md v48; T = 8, the ring forced, us, this | a lookup after each fill
+// with the next item's L2 request, three calls): B = 16 22.00-22.22 | 22.57-23.11, B = 32
+// 40.93-41.63 | 41.86-42.29, B = 64 77.11-77.58 | 77.36-78.10, B = 128 145.71-146.18 |
+// 146.73-146.85, B = 256 285.64 | 285.78. The token-by-token consumers lost with it (T = 1, B = 32
+// 37.23 | 36.62) and keep the lookup after each fill.
 template <int DT, bool PK, bool CM>
 __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingMaps& maps, char* sm,
                                              std::uint64_t* full, std::uint64_t* state_full,
@@ -825,6 +832,13 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
   unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
   int s = 0;
   RingLookup cur = ring_lookup<PK>(a, blockIdx.x, lane), next{};
+  static_assert(kRingSlots == 3, "CM: the start's lookups of slots 1 and 2 below");
+  RingLookup first1{}, first2{};  // CM: the items of slots 1 and 2, looked up at the start
+  if constexpr (CM) {
+    if (blockIdx.x + gridDim.x < items) first1 = ring_lookup<PK>(a, blockIdx.x + gridDim.x, lane);
+    if (blockIdx.x + 2 * gridDim.x < items)
+      first2 = ring_lookup<PK>(a, blockIdx.x + 2 * gridDim.x, lane);
+  }
   for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
     char* slot = sm + s * L::kSlot;
     const bool more = item + gridDim.x < items;
@@ -839,6 +853,11 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
       ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
     } else {
       ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
+      if (CM && k + 1 < kRingSlots) {  // the next fill goes out now, with its looked-up item
+        if (more) cur = k == 0 ? first1 : first2;
+        s = s + 1;
+        continue;
+      }
       if (more) next = ring_lookup<PK>(a, item + gridDim.x, lane);
     }
     // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
