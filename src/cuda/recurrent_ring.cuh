@@ -813,7 +813,7 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
 // period before its fill, while the producer waits for a store to read its slot, so that no load
 // latency lies between that wait and the fill: on the H200 a lookup issued right before the fill
 // held each fill ~1-3 us under the ring's own DRAM traffic (per-block timelines, bench/NOTES-gpu.md
-// v39). The first fill goes out before any other lookup.
+// v39). The first fill goes out before any other lookup (CM: with the lookups of slots 1 and 2).
 // CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`; and the items of
 // the first kRingSlots slots are looked up together at the start and filled one after the other,
 // without an L2 request for the items of slots 1 and 2 (their fills go out at once). Measured on
