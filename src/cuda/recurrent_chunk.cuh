@@ -389,6 +389,24 @@ __device__ __forceinline__ void chunk_u(float4 bb, float4 tf, float (&u)[4]) {
   for (int r = 0; r < 4; ++r) u[r] += ue[r];
 }
 
+// One key tile of the update S^T = gamma S^T + (U diag(cU))^T K in 3xTF32: s (C order) becomes
+// gl s + uh k + (ul k [+ uh kl]), the correction summed apart (uh, ul: the A fragment of
+// (U diag(cU))^T, hi and lo; k0, k1: K's B fragment, hi; KLO: K is not exact in tf32 and kl0, kl1
+// are its lo part).
+template <bool KLO = false>
+__device__ __forceinline__ void chunk_update_tile(float (&s)[4], float gl, float4 uh, float4 ul,
+                                                  float k0, float k1, float kl0 = 0.f,
+                                                  float kl1 = 0.f) {
+  float e[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) s[r] *= gl;
+  mma_tf32(s, uh, k0, k1);
+  mma_tf32(e, ul, k0, k1);
+  if constexpr (KLO) mma_tf32(e, uh, kl0, kl1);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) s[r] += e[r];
+}
+
 // O^T = o + U^T Mo^T (o: diag(cQ) P_q^T in C order; mf: Mo^T's B fragment, hi and lo), stored for
 // the tokens s0 and s0 + 1 below cnt at columns c0 and c0 + 1 of o from element orow.
 template <int DT>
@@ -688,18 +706,13 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
         const std::int64_t r8 = 8 * a.hout_s2;
 #pragma unroll
         for (int j = 0; j < KT; ++j) {
-          float e[4] = {0.f, 0.f, 0.f, 0.f};
           const float2 kh = Kh[j * 32 + lane];
-#pragma unroll
-          for (int r = 0; r < 4; ++r) s[j][r] *= gl;
-          mma_tf32(s[j], uh, kh.x, kh.y);
-          mma_tf32(e, ul, kh.x, kh.y);
-          if constexpr (!EXACT) {
+          if constexpr (EXACT) {
+            chunk_update_tile(s[j], gl, uh, ul, kh.x, kh.y);
+          } else {
             const float2 kl = Kl[j * 32 + lane];
-            mma_tf32(e, uh, kl.x, kl.y);
+            chunk_update_tile<true>(s[j], gl, uh, ul, kh.x, kh.y, kl.x, kl.y);
           }
-#pragma unroll
-          for (int r = 0; r < 4; ++r) s[j][r] += e[r];
           if (store) {
             if constexpr (SB) {  // rounded to nearest even, once per item
               const __nv_bfloat162 w0 = __floats2bfloat162_rn(s[j][0], s[j][2]);

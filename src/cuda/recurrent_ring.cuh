@@ -793,13 +793,7 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
 #pragma unroll
   for (int j = 0; j < KT; ++j) {
-    float e[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[j][r] *= gl;
-    mma_tf32(s[j], uh, kf[j].x, kf[j].y);
-    mma_tf32(e, ul, kf[j].x, kf[j].y);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[j][r] += e[r];
+    chunk_update_tile(s[j], gl, uh, ul, kf[j].x, kf[j].y);
     *reinterpret_cast<float2*>(st0 + 4096 * j) = make_float2(s[j][0], s[j][2]);
     *reinterpret_cast<float2*>(st1 + 4096 * j) = make_float2(s[j][1], s[j][3]);
   }

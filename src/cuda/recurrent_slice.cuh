@@ -246,13 +246,7 @@ __global__ void __launch_bounds__(kSliceWarps * 32) recurrent_slice_kernel(const
                (8 * JT * share + 2 * lc) * a.hout_s2;
 #pragma unroll
   for (int jj = 0; jj < JT; ++jj) {
-    float e[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[jj][r] *= gl;
-    mma_tf32(s[jj], uh, kf[jj].x, kf[jj].y);
-    mma_tf32(e, ul, kf[jj].x, kf[jj].y);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[jj][r] += e[r];
+    chunk_update_tile(s[jj], gl, uh, ul, kf[jj].x, kf[jj].y);
     __stcs(reinterpret_cast<float2*>(out + 8 * jj * a.hout_s2), make_float2(s[jj][0], s[jj][2]));
     __stcs(reinterpret_cast<float2*>(out + (8 * jj + 1) * a.hout_s2),
            make_float2(s[jj][1], s[jj][3]));
