@@ -389,6 +389,27 @@ __device__ __forceinline__ void chunk_u(float4 bb, float4 tf, float (&u)[4]) {
   for (int r = 0; r < 4; ++r) u[r] += ue[r];
 }
 
+// One key tile of P^T = S0^T [K; Q]^T in 3xTF32 with the state's registers as the A fragment
+// (s: C order, recurrent_chunk_kernel's) and K's and Q's B fragments (k0, k1; q0, q1: hi): the
+// main and the correction products into their own accumulators; XLO: K and Q are not exact in
+// tf32 and kl0, kl1, ql0, ql1 are their lo parts.
+template <bool XLO = false>
+__device__ __forceinline__ void chunk_pt_tile(const float (&s)[4], float k0, float k1, float q0,
+                                              float q1, float (&pk)[4], float (&pke)[4],
+                                              float (&pq)[4], float (&pqe)[4], float kl0 = 0.f,
+                                              float kl1 = 0.f, float ql0 = 0.f, float ql1 = 0.f) {
+  const float4 xa = make_float4(s[0], s[2], s[1], s[3]);
+  const float4 ah = tf32_hi4(xa), al = sub4(xa, ah);
+  mma_tf32(pk, ah, k0, k1);
+  mma_tf32(pke, al, k0, k1);
+  mma_tf32(pq, ah, q0, q1);
+  mma_tf32(pqe, al, q0, q1);
+  if constexpr (XLO) {
+    mma_tf32(pke, ah, kl0, kl1);
+    mma_tf32(pqe, ah, ql0, ql1);
+  }
+}
+
 // One key tile of the update S^T = gamma S^T + (U diag(cU))^T K in 3xTF32: s (C order) becomes
 // gl s + uh k + (ul k [+ uh kl]), the correction summed apart (uh, ul: the A fragment of
 // (U diag(cU))^T, hi and lo; k0, k1: K's B fragment, hi; KLO: K is not exact in tf32 and kl0, kl1
@@ -650,17 +671,12 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       float pq[4] = {0.f, 0.f, 0.f, 0.f}, pqe[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < KT; ++j) {
-        const float4 xa = make_float4(s[j][0], s[j][2], s[j][1], s[j][3]);
-        const float4 ah = tf32_hi4(xa), al = sub4(xa, ah);
         const float4 h = Xh[j * 32 + lane];
-        mma_tf32(pk, ah, h.x, h.y);
-        mma_tf32(pke, al, h.x, h.y);
-        mma_tf32(pq, ah, h.z, h.w);
-        mma_tf32(pqe, al, h.z, h.w);
-        if constexpr (!EXACT) {
+        if constexpr (EXACT) {
+          chunk_pt_tile(s[j], h.x, h.y, h.z, h.w, pk, pke, pq, pqe);
+        } else {
           const float4 l = Xl[j * 32 + lane];
-          mma_tf32(pke, ah, l.x, l.y);
-          mma_tf32(pqe, ah, l.z, l.w);
+          chunk_pt_tile<true>(s[j], h.x, h.y, h.z, h.w, pk, pke, pq, pqe, l.x, l.y, l.z, l.w);
         }
       }
       // Column phase, C fragment order: (row g, token 2c), (g, 2c + 1), (g + 8, 2c),

@@ -750,12 +750,7 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
     const float4 x = live_g ? make_float4(raw_at(krow, key, DT), raw_at(krow, key + 4, DT),
                                           raw_at(qrow, key, DT), raw_at(qrow, key + 4, DT))
                             : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 xa = make_float4(s[j][0], s[j][2], s[j][1], s[j][3]);
-    const float4 ah = tf32_hi4(xa), al = sub4(xa, ah);
-    mma_tf32(pk[e], ah, x.x, x.y);
-    mma_tf32(pke[e], al, x.x, x.y);
-    mma_tf32(pq[e], ah, x.z, x.w);
-    mma_tf32(pqe[e], al, x.z, x.w);
+    chunk_pt_tile(s[j], x.x, x.y, x.z, x.w, pk[e], pke[e], pq[e], pqe[e]);
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {

@@ -193,12 +193,7 @@ __global__ void __launch_bounds__(kSliceWarps * 32) recurrent_slice_kernel(const
     const float2 kk = raw_pair(kraw, lg * Sh::kRQ + key, DT);
     const float2 qq = raw_pair(qraw, lg * Sh::kRQ + key, DT);
     const float4 x = live_g ? make_float4(kk.x, kk.y, qq.x, qq.y) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 xa = make_float4(s[jj][0], s[jj][2], s[jj][1], s[jj][3]);
-    const float4 ah = tf32_hi4(xa), al = sub4(xa, ah);
-    mma_tf32(pk[e], ah, x.x, x.y);
-    mma_tf32(pke[e], al, x.x, x.y);
-    mma_tf32(pq[e], ah, x.z, x.w);
-    mma_tf32(pqe[e], al, x.z, x.w);
+    chunk_pt_tile(s[jj], x.x, x.y, x.z, x.w, pk[e], pke[e], pq[e], pqe[e]);
   }
   sh.part[share][cg][0][lane] = make_float4(
       pk[0][0] + pke[0][0] + (pk[1][0] + pke[1][0]), pk[0][1] + pke[0][1] + (pk[1][1] + pke[1][1]),
