@@ -66,6 +66,7 @@ struct Options {
   bool schedule_ab = false;   // also time the chunk kernel's static and dynamic items
   bool pdl_ab = false;        // also time plain and programmatic dependent launches
   bool ring_math_ab = false;  // also time the ring kernel's consumers token by token and as a chunk
+  bool ring_schedule_ab = false;  // also time the ring kernel's static and dynamic items
   // Calls per captured graph: at least this many, cycling over the NS sets (0: NS, one per set).
   int graph_calls = 16;
   std::string json_path, dump_dir;
@@ -416,6 +417,9 @@ int main(int argc, char** argv) {
   app.add_flag("--ring-math-ab", opt.ring_math_ab,
                "also time the ring kernel (forced) with its consumers token by token and as one "
                "chunk on the tensor cores");
+  app.add_flag("--ring-schedule-ab", opt.ring_schedule_ab,
+               "also time the ring kernel's (where the rules take it) static items, dynamic items "
+               "from round 3 and dynamic items after the full rounds (each checked)");
   app.add_flag("--pdl-ab", opt.pdl_ab,
                "also time (and check) plain and programmatic dependent launches");
   app.add_flag("--schedule-ab", opt.schedule_ab,
@@ -562,6 +566,11 @@ int main(int argc, char** argv) {
         const json pdl = opt.pdl_ab ? override_ab(gdr::cuda::set_recurrent_pdl_override, "launch",
                                                   {{1, "plain"}, {2, "pdl"}}, false)
                                     : json::object();
+        const json ring_schedule =
+            opt.ring_schedule_ab
+                ? override_ab(gdr::cuda::set_recurrent_ring_schedule_override, "ring items",
+                              {{1, "static"}, {2, "dynamic"}, {3, "last"}}, false)
+                : json::object();
         json ring_math = json::object();
         if (opt.ring_math_ab) {  // the ring kernel wherever it applies, its consumers both ways
           gdr::cuda::set_recurrent_path_override(5);
@@ -617,6 +626,7 @@ int main(int argc, char** argv) {
              {"load_policy_us", load_policy},
              {"first_wait_us", first_wait},
              {"schedule_us", schedule},
+             {"ring_schedule_us", ring_schedule},
              {"launch_us", pdl},
              {"ring_math_us", ring_math},
              {"state_copy_same_size_us", copy_us},

@@ -14,6 +14,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (the ring kernel's tensor maps)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -49,6 +50,7 @@ std::atomic<int> g_chunk_schedule_override{0};
 std::atomic<int> g_chunk_blocks_override{0};
 std::atomic<int> g_pdl_override{0};
 std::atomic<int> g_ring_math_override{0};
+std::atomic<int> g_ring_schedule_override{0};
 
 // Launches kernel(args...) on `grid` blocks; with `pdl`, as a programmatic dependent launch
 // (sm_90: the kernel may start while the previous kernel in the stream drains and waits for it in
@@ -109,6 +111,14 @@ static_assert(recurrent_ring_preferred(2, 32 * 9, 128, true, false, 132) &&
 // T = 6 to 8 with the chunk consumers (16-bit inputs, scalar gate) from 2.5 items per SM: B = 12
 // and 32 yes, B = 8 no; T = 7 and 8 never with f32 inputs or a per-key gate (no chunk consumers
 // there).
+// The ring kernel's dynamic items (H200, Hv = 32): static at B = 16, the last round at B = 32 with
+// the chunk consumers, from the start's last slot on from B = 64 (its rounds before are looked up
+// together: at least kRingSlots static rounds).
+static_assert(recurrent_ring_dynamic_round(16 * 32, 132, true) == 0 &&
+              recurrent_ring_dynamic_round(32 * 32, 132, true) == 7 &&
+              recurrent_ring_dynamic_round(32 * 32, 132, false) == 0 &&
+              recurrent_ring_dynamic_round(64 * 32, 132, true) == detail::kRingSlots &&
+              recurrent_ring_dynamic_round(128 * 32, 132, false) == detail::kRingSlots);
 static_assert(recurrent_ring_chunk_math(8, 2, false) && recurrent_ring_chunk_math(6, 2, false) &&
               !recurrent_ring_chunk_math(5, 2, false) && !recurrent_ring_chunk_math(8, 4, false) &&
               !recurrent_ring_chunk_math(8, 2, true));
@@ -552,6 +562,73 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   check(cudaGetLastError(), op, "chunk kernel launch");
 }
 
+// The ring kernel's counter pairs for dynamic items (recurrent_ring.cuh, ring_next_item): a
+// launch needs a pair of its own, zero at its start, and its last block leaves it zero. A launch
+// captured into a graph keeps a pair of a per-device arena for good: a graph's node never runs
+// beside itself, and each run leaves the pair zero for the next (two instances of one graph run
+// at once on two streams would share their pairs; torch and the serving engines instantiate a
+// captured graph once). The arena is made and zeroed (the host waits for it) by the first eager
+// launch on the device that wants dynamic items. The others (eager launches, captures before the
+// arena exists or once it is used up) take 8 bytes from gdr's pool on the stream, zeroed by a
+// memset before the kernel and freed after it, as the chunk kernel's counter.
+constexpr std::int64_t kRingArenaPairs = 16384;
+
+// A pair of the device's arena for a launch being captured on `stream` (null: none), or (not
+// capturing) null, the arena made first if it is not yet.
+unsigned* ring_arena_pair(int device, cudaStream_t stream, bool capturing) {
+  struct Arena {
+    unsigned* pairs = nullptr;
+    std::int64_t used = 0;
+    bool tried = false;
+  };
+  static std::mutex mutex;
+  static std::map<int, Arena> arenas;
+  std::lock_guard<std::mutex> lock(mutex);
+  Arena& arena = arenas[device];
+  if (capturing) {
+    if (!arena.pairs || arena.used == kRingArenaPairs) return nullptr;
+    return arena.pairs + 2 * arena.used++;
+  }
+  if (!arena.tried) {
+    arena.tried = true;
+    unsigned* pairs = nullptr;
+    const std::size_t bytes = 2 * sizeof(unsigned) * kRingArenaPairs;
+    if (cudaMalloc(reinterpret_cast<void**>(&pairs), bytes) == cudaSuccess) {
+      if (cudaMemsetAsync(pairs, 0, bytes, stream) == cudaSuccess &&
+          cudaStreamSynchronize(stream) == cudaSuccess)
+        arena.pairs = pairs;
+      else
+        cudaFree(pairs);
+    }
+    (void)cudaGetLastError();  // no arena: captures take pool pairs
+  }
+  return nullptr;
+}
+
+// The counter pair of a ring launch with dynamic items on `stream`: an arena pair (capturing), else
+// 8 bytes of the pool zeroed on the stream (*pooled: free it after the launch); null: none to be
+// had (static items).
+unsigned* ring_counter_pair(int device, cudaStream_t stream, bool* pooled, const char* op) {
+  *pooled = false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  const bool capturing = status != cudaStreamCaptureStatusNone;
+  if (unsigned* pair = ring_arena_pair(device, stream, capturing)) return pair;
+  const cudaMemPool_t pool = small_pool(device);
+  unsigned* pair = nullptr;
+  if (!pool || cudaMallocFromPoolAsync(reinterpret_cast<void**>(&pair), 2 * sizeof(unsigned), pool,
+                                       stream) != cudaSuccess) {
+    (void)cudaGetLastError();  // no stream-ordered memory: static items
+    return nullptr;
+  }
+  check(cudaMemsetAsync(pair, 0, 2 * sizeof(unsigned), stream), op, "cudaMemsetAsync");
+  *pooled = true;
+  return pair;
+}
+
 // The ring kernel's items are contiguous (one bulk copy each way, as the kernel tests it): state
 // rows of exactly one item's columns, read and (if any) written.
 bool ring_items_contiguous(const RecurrentArgs& a) {
@@ -647,8 +724,25 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     allow_shared(k, smem, prob.device_index, op);
     const std::int64_t resident = resident_blocks(k, threads, smem, prob.device_index, sms, op);
     if (resident <= 0) refuse(op, "the ring kernel does not fit on this device");
-    launch_kernel(kernel, static_cast<unsigned>(persistent_grid(items, resident)), threads, smem,
-                  stream, pdl_wanted(), a, maps);
+    const std::int64_t blocks = persistent_grid(items, resident);
+    // Dynamic items by the rule or the override (2: from round 3, 3: after the full rounds).
+    const int sched = g_ring_schedule_override.load(std::memory_order_relaxed);
+    const std::int64_t round = sched == 1   ? 0
+                               : sched == 2 ? detail::kRingSlots
+                               : sched == 3
+                                   ? std::max<std::int64_t>(items / blocks, detail::kRingSlots)
+                                   : recurrent_ring_dynamic_round(items, blocks, chunk_math);
+    bool pooled = false;
+    a.item_counter =
+        round > 0 ? ring_counter_pair(prob.device_index, stream, &pooled, op) : nullptr;
+    a.dynamic_round = a.item_counter ? static_cast<unsigned>(round) : 0u;
+    // A pool pair's memset lies between this launch and the grid before it: a plain launch, as
+    // the chunk kernel's dynamic one.
+    launch_kernel(kernel, static_cast<unsigned>(blocks), threads, smem, stream,
+                  pdl_wanted() && !pooled, a, maps);
+    if (pooled) check(cudaFreeAsync(a.item_counter, stream), op, "cudaFreeAsync");
+    a.item_counter = nullptr;
+    a.dynamic_round = 0;
   };
   if (chunk_math) {
     if (prob.dtype == DType::bf16)
@@ -810,6 +904,10 @@ void set_recurrent_chunk_schedule_override(int mode) {
 
 void set_recurrent_chunk_blocks_override(int blocks) {
   g_chunk_blocks_override.store(blocks > 0 ? blocks : 0);
+}
+
+void set_recurrent_ring_schedule_override(int mode) {
+  g_ring_schedule_override.store(mode >= 1 && mode <= 3 ? mode : 0);
 }
 
 void set_recurrent_ring_math_override(int mode) {

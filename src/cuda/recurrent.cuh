@@ -97,8 +97,12 @@ struct RecurrentArgs {
   // evict-first (tuning.h, recurrent_one_loads_normal).
   bool state_ld_normal;
   // The chunk kernel's dynamic items (recurrent_chunk.cuh, DYNAMIC): a counter of items taken
-  // beyond the first wave, zero at the launch and exclusive to it; null: static items.
+  // beyond the first wave, zero at the launch and exclusive to it; null: static items. The ring
+  // kernel's (recurrent_ring.cuh): a pair (items taken, blocks done), zero at the launch and
+  // exclusive to it, which the launch's last block leaves zero; its blocks take the items of
+  // rounds from dynamic_round on from it (> 0; null: static items).
   unsigned* item_counter;
+  unsigned dynamic_round;
 };
 
 // Programmatic dependent launch (sm_90; the host sets the launch attribute, decode.cu): waits

@@ -50,6 +50,15 @@
 // ahead with its token rows, one per lane l < 3T) and the rest of the header written to the slot,
 // then the arrivals of those 3T lanes on the slot's "full" mbarrier (each a release: the consumers'
 // wait acquires the header). Decode in place: an item is read whole before it is written.
+//
+// Items: block b takes items b, b + G, b + 2G, ... (G blocks; round k holds items kG .. kG + G -
+// 1). With dynamic items (RecurrentArgs::item_counter; tuning.h, recurrent_ring_dynamic_round) it
+// takes its items of the first rounds that way, then the next untaken item of the later rounds
+// from a counter, so that the SMs that move state faster (their rates differ by up to ~20 %,
+// bench/NOTES-gpu.md v48) take more items and the call does not wait for the slowest SMs to finish
+// a full share. The producer marks the
+// block's end with a header of live = -1 after its last item; the consumers and the coefficient
+// warp stop there.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; decode.cu encodes the maps)
@@ -232,7 +241,7 @@ static_assert(RingLayoutT<true>::kSlot % 1024 == 0 && RingLayoutT<true>::kBytes 
 
 // An item's scalars, written by the producer before its arrivals on the slot's "full" barrier.
 struct RingHeader {
-  int live;  // the state row is in [0, P): state copied and stored
+  int live;  // 1: the state row is in [0, P): state copied and stored; -1: no item, the end
   int fill;  // not live: o = 0 (1, a skipped pool row) or NaN (0, an index >= P)
   int hv;
   int split;
@@ -665,21 +674,23 @@ struct RingCoefBars {
 // The coefficient warp's loop: item k of the block (slot k % kRingSlots) -> buffer k % 2, once the
 // consumers are done with item k - 2's: its Gram X X^T over all keys on the tensor cores
 // (chunk_gram_part), then chunk_coefficients; its arrival on ready[k % 2] releases them. An item
-// that is not live has no coefficients, but the same arrivals (the buffers alternate strictly).
+// that is not live has no coefficients, but the same arrivals (the buffers alternate strictly);
+// the end (live = -1) ends the loop.
 template <int DT>
 __device__ __forceinline__ void ring_chunk_coefficients(const RecurrentArgs& a, char* sm,
                                                         std::uint64_t* full, RingCoefBars bars,
-                                                        unsigned items, int lane) {
+                                                        int lane) {
   using L = RingLayoutT<true>;
   constexpr int ES = 2, RS = L::kRowBytes / ES;
   const int T = static_cast<int>(a.T);
   int s = 0;
-  for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+  for (unsigned k = 0;; ++k) {
     const char* slot = sm + s * L::kSlot;
     const int b = k & 1;
     mbar_wait(&full[s], (k / kRingSlots) & 1u);
-    if (k >= 2) mbar_wait(&bars.free[b], ((k - 2) >> 1) & 1u);
     const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
+    if (h->live < 0) break;  // the end
+    if (k >= 2) mbar_wait(&bars.free[b], ((k - 2) >> 1) & 1u);
     if (h->live) {
       float* buf = reinterpret_cast<float*>(sm + L::kPart + b * L::kCoefBuf);
       chunk_gram_part<DT, 1, RS>(slot + L::row(0, 0, T, ES), slot + L::row(1, 0, T, ES), T, h->step,
@@ -796,21 +807,51 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   mbar_arrive(done);
 }
 
-// The producer warp's loop. Item k of the block (blockIdx.x + k gridDim.x) goes into slot k %
-// kRingSlots once the slot's previous item (k - kRingSlots) is done, stored and read out of the
-// slot. An item is looked up (its row from state_indices, its scalars: dependent global loads) a
-// period before its fill, while the producer waits for a store to read its slot, so that no load
-// latency lies between that wait and the fill: on the H200 a lookup issued right before the fill
-// held each fill ~1-3 us under the ring's own DRAM traffic (per-block timelines, bench/NOTES-gpu.md
-// v39). The first fill goes out before any other lookup (CM: with the lookups of slots 1 and 2).
-// CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`; and the items of
-// the first kRingSlots slots are looked up together at the start and filled one after the other,
-// without an L2 request for the items of slots 1 and 2 (their fills go out at once). Measured on
-// the H200 (bench/NOTES-gpu.md v48; T = 8, the ring forced, us, this | a lookup after each fill
-// with the next item's L2 request, three calls): B = 16 22.00-22.22 | 22.57-23.11, B = 32
-// 40.93-41.63 | 41.86-42.29, B = 64 77.11-77.58 | 77.36-78.10, B = 128 145.71-146.18 |
-// 146.73-146.85, B = 256 285.64 | 285.78. The token-by-token consumers lost with it (T = 1, B = 32
-// 37.23 | 36.62) and keep the lookup after each fill.
+// The block's item k: blockIdx.x + k gridDim.x in its static rounds (all with static items, else
+// those before a.dynamic_round), else the next untaken one of the later rounds from the launch's
+// counter (lane 0 takes it, the warp shares it); `items` when there is none. Each block's producer
+// asks in order of k and stops at the first none.
+__device__ __forceinline__ unsigned ring_next_item(const RecurrentArgs& a, unsigned k,
+                                                   unsigned items, int lane) {
+  const unsigned G = gridDim.x;
+  if (!a.item_counter || k < a.dynamic_round) {
+    const unsigned it = blockIdx.x + k * G;
+    return it < items ? it : items;
+  }
+  unsigned taken = 0;
+  if (lane == 0) taken = atomicAdd(a.item_counter, 1u);
+  taken = __shfl_sync(0xffffffffu, taken, 0);
+  const unsigned first = a.dynamic_round * G;  // the first item of the counter's rounds
+  return first < items && taken < items - first ? first + taken : items;
+}
+
+// After the block's last ring_next_item: its arrival on the counter's second word; the launch's
+// last block (every block has then taken its last) leaves both words zero for the next launch that
+// uses the pair (after this grid has completed: stream order, or a dependent launch's wait).
+__device__ __forceinline__ void ring_counter_release(const RecurrentArgs& a, int lane) {
+  if (!a.item_counter || lane != 0) return;
+  __threadfence();  // this block's takes before its arrival
+  if (atomicAdd(a.item_counter + 1, 1u) == gridDim.x - 1) {
+    atomicExch(a.item_counter, 0u);
+    atomicExch(a.item_counter + 1, 0u);
+  }
+}
+
+// The producer warp's loop. Item k of the block (ring_next_item) goes into slot k % kRingSlots
+// once the slot's previous item (k - kRingSlots) is done, stored and read out of the slot; after
+// the last, the end (a header with live = -1) in the next slot. An item is looked up (its row from
+// state_indices, its scalars: dependent global loads) a period before its fill, while the producer
+// waits for a store to read its slot, so that no load latency lies between that wait and the fill:
+// on the H200 a lookup issued right before the fill held each fill ~1-3 us under the ring's own
+// DRAM traffic (per-block timelines, bench/NOTES-gpu.md v39). The first fill goes out before any
+// other lookup (CM: with the lookups of slots 1 and 2). CM: the state's own barrier (state_full,
+// ring_fill) beside each slot's `full`; and the items of the first kRingSlots slots are looked up
+// together at the start and filled one after the other, without an L2 request for the items of
+// slots 1 and 2 (their fills go out at once). Measured on the H200 (bench/NOTES-gpu.md v48; T = 8,
+// the ring forced, us, this | a lookup after each fill with the next item's L2 request, three
+// calls): B = 16 22.00-22.22 | 22.57-23.11, B = 32 40.93-41.63 | 41.86-42.29, B = 64 77.11-77.58
+// | 77.36-78.10, B = 128 145.71-146.18 | 146.73-146.85, B = 256 285.64 | 285.78. The token-by-token
+// consumers lost with it (T = 1, B = 32 37.23 | 36.62) and keep the lookup after each fill.
 template <int DT, bool PK, bool CM>
 __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingMaps& maps, char* sm,
                                              std::uint64_t* full, std::uint64_t* state_full,
@@ -822,50 +863,57 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
   int s = 0;
   RingLookup cur = ring_lookup<PK>(a, blockIdx.x, lane), next{};
   static_assert(kRingSlots == 3, "CM: the start's lookups of slots 1 and 2 below");
+  const unsigned item1 = ring_next_item(a, 1, items, lane);
+  const unsigned item2 = ring_next_item(a, 2, items, lane);
   RingLookup first1{}, first2{};  // CM: the items of slots 1 and 2, looked up at the start
   if constexpr (CM) {
-    if (blockIdx.x + gridDim.x < items) first1 = ring_lookup<PK>(a, blockIdx.x + gridDim.x, lane);
-    if (blockIdx.x + 2 * gridDim.x < items)
-      first2 = ring_lookup<PK>(a, blockIdx.x + 2 * gridDim.x, lane);
+    if (item1 < items) first1 = ring_lookup<PK>(a, item1, lane);
+    if (item2 < items) first2 = ring_lookup<PK>(a, item2, lane);
   }
-  for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+  unsigned k = 0;  // the block's item in hand (cur)
+  for (;; ++k) {
     char* slot = sm + s * L::kSlot;
-    const bool more = item + gridDim.x < items;
+    unsigned next_item;  // the block's item k + 1, or `items`: none
     if (k >= kRingSlots) {
       mbar_wait(&done[s], (parity >> s) & 1u);
       parity ^= 1u << s;
       ring_store<CM>(a, maps, slot, store_policy, lane);
-      if (more)
-        next = ring_lookup<PK>(a, item + gridDim.x, lane);  // while the store reads the slot
+      next_item = ring_next_item(a, k + 1, items, lane);
+      if (next_item < items)
+        next = ring_lookup<PK>(a, next_item, lane);  // while the store reads the slot
       bulk_wait_read();
       __syncwarp();
       ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
     } else {
       ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
+      next_item = k == 0 ? item1 : (k == 1 ? item2 : ring_next_item(a, k + 1, items, lane));
       if (CM && k + 1 < kRingSlots) {  // the next fill goes out now, with its looked-up item
-        if (more) cur = k == 0 ? first1 : first2;
+        if (next_item >= items) break;
+        cur = k == 0 ? first1 : first2;
         s = s + 1;
         continue;
       }
-      if (more) next = ring_lookup<PK>(a, item + gridDim.x, lane);
+      if (next_item < items) next = ring_lookup<PK>(a, next_item, lane);
     }
+    if (next_item >= items) break;
     // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
     // its fill, once its slot frees about a period later, reads from the L2. Measured on the
     // H200 (bench/NOTES-gpu.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
     // 28.3-28.6, B = 32 37.9-38.3 | 37.7-37.9, B = 40 47.1-47.3 | 46.9-47.2, B = 64 74.1-74.6 |
     // 72.1-72.3.
     // CM: the next item's box (any strides the maps take).
-    if (CM && more && state_row_live(a, next.it.row) && lane == 0)
+    if (CM && state_row_live(a, next.it.row) && lane == 0)
       tensor_prefetch_l2(&maps.in, 0, next.it.split * (L::kCB / 32), 0, next.it.hv,
                          static_cast<int>(next.it.row));
-    else if (!CM && lane == 0 && more && state_row_live(a, next.it.row) && a.hin_s2 == L::kCB)
+    else if (!CM && lane == 0 && state_row_live(a, next.it.row) && a.hin_s2 == L::kCB)
       prefetch_l2(a.h_in + next.it.row * a.hin_s0 + next.it.hv * a.hin_s1 + next.it.split * L::kCB,
                   L::kState);
     cur = next;
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
+  ring_counter_release(a, lane);
   // The last items in flight (at most kRingSlots), in order.
-  const unsigned mine = blockIdx.x < items ? (items - blockIdx.x - 1) / gridDim.x + 1 : 0;
+  const unsigned mine = k + 1;  // the block's items
   const unsigned tail = mine < kRingSlots ? mine : kRingSlots;
   s = static_cast<int>((mine - tail) % kRingSlots);  // the slot of the first of them
   for (unsigned j = 0; j < tail; ++j) {
@@ -874,6 +922,11 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
     ring_store<CM>(a, maps, sm + s * L::kSlot, store_policy, lane);
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
+  // The end in slot `mine` % kRingSlots: its last item (mine - kRingSlots) is done and its store
+  // reads only the state, so the header is free; the same 3T arrivals as a fill.
+  RingHeader* h = reinterpret_cast<RingHeader*>(sm + s * L::kSlot + L::kHead);
+  if (lane == 0) h->live = -1;
+  if (lane < 3 * a.T) mbar_arrive(&full[s]);
   bulk_wait_all();
 }
 
@@ -882,11 +935,11 @@ constexpr int ring_warps(bool cm) {
   return kRingConsumers + 1 + (cm ? 1 : 0);
 }
 
-// One block per SM (persistent): items blockIdx.x, + gridDim.x, ...; 8 consumer warps and one
-// producer warp. DT: the token dtype; PK: a per-key gate; CM: the consumers take the T tokens as
-// one chunk on the tensor cores (ring_consume_chunk; 16-bit inputs, scalar gate), with a tenth
-// warp forming the chunks' coefficients (ring_chunk_coefficients).
-// maps: CM only (the state's tensor maps; unused otherwise).
+// One block per SM (persistent): items blockIdx.x, + gridDim.x, ... (or dynamic ones:
+// ring_next_item); 8 consumer warps and one producer warp. DT: the token dtype; PK: a per-key gate;
+// CM: the consumers take the T tokens as one chunk on the tensor cores (ring_consume_chunk; 16-bit
+// inputs, scalar gate), with a tenth warp forming the chunks' coefficients
+// (ring_chunk_coefficients). maps: CM only (the state's tensor maps; unused otherwise).
 template <int DT, bool PK, bool CM = false>
 __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
     recurrent_ring_kernel(const RecurrentArgs a, const __grid_constant__ RingMaps maps) {
@@ -928,7 +981,7 @@ __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
   }
   if constexpr (CM) {
     if (warp == kRingConsumers + 1) {
-      ring_chunk_coefficients<DT>(a, sm, full, RingCoefBars{coef_ready, coef_free}, items, lane);
+      ring_chunk_coefficients<DT>(a, sm, full, RingCoefBars{coef_ready, coef_free}, lane);
       return;
     }
   }
@@ -942,12 +995,13 @@ __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
                   lane};
   unsigned parity = 0;
   int s = 0;
-  for (unsigned item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+  for (unsigned k = 0;; ++k) {
     char* slot = sm + s * L::kSlot;
     const unsigned phase = (parity >> s) & 1u;
     mbar_wait(&full[s], phase);
     parity ^= 1u << s;
     const RingHeader* h = reinterpret_cast<const RingHeader*>(slot + L::kHead);
+    if (h->live < 0) break;  // the end (ring_produce)
     // CM: coefficient buffer k % 2 and the slot's state barrier, waited for by every item (the
     // buffers alternate strictly; each fill completes the state barrier once).
     const int b = k & 1;

@@ -257,6 +257,30 @@ constexpr bool recurrent_chunk_dynamic(std::int64_t items, std::int64_t blocks,
 // Tests and benchmarks: the chunk kernel's items 1 = static, 2 = dynamic; 0 restores the rule.
 void set_recurrent_chunk_schedule_override(int mode);
 
+// The ring kernel's dynamic items (recurrent_ring.cuh, ring_next_item): the first round whose
+// items its blocks take from a per-launch counter (0: static items; at least kRingSlots = 3, the
+// rounds its start looks up together). With a full round or more for every block the first rounds
+// stay static: the spread of the SMs' rates (~20 %) then decides only who takes the last items;
+// with many rounds all but the start's are dynamic, so the faster SMs take more over the call.
+// Measured on the H200 (bench/NOTES-gpu.md v49, bench/results/2026-12-04-decode-ring-dynamic.json;
+// Hv = 32, Dk = Dv = 128, bf16 inputs, 16 calls per graph, us static | dynamic from round 3 |
+// dynamic for the last round only, same process): T = 8 (chunk consumers): B = 16 (3.9 items per
+// block) 21.9-22.0 | 23.4-23.5 | 23.5-23.6, B = 32 (7.8) 40.9-41.0 | 40.7 | 40.2, B = 48 (11.6)
+// 59.0 | 57.5 | 57.2, B = 64 (15.5) 77.1-77.3 | 74.3-74.4 | 74.6-74.8, B = 128 145.6-145.9 |
+// 141.7-141.9 | 145.6-145.7, B = 256 285.6-285.8 | 276.3-276.9 | 286.0-286.1; T = 1 (token
+// consumers): B = 32 36.7-36.8 | 37.0-37.1 | 36.8-36.9, B = 128 135.7-135.9 | 134.3 | 136.1-136.3.
+// Rule: from 10 items per block dynamic from round 3; from 6 with the chunk consumers the last
+// round only; else static.
+constexpr std::int64_t recurrent_ring_dynamic_round(std::int64_t items, std::int64_t blocks,
+                                                    bool chunk_math) {
+  if (items >= 10 * blocks) return 3;
+  return chunk_math && items >= 6 * blocks ? items / blocks : 0;
+}
+
+// Tests and benchmarks: the ring kernel's items 1 = static, 2 = dynamic from round 3, 3 = dynamic
+// for the rounds after the full ones (at least from round 3); 0 restores the rule.
+void set_recurrent_ring_schedule_override(int mode);
+
 // Tests: the chunk and ring kernels' grids capped at this many blocks (so that small problems run
 // several items per block); 0 restores the resident blocks.
 void set_recurrent_chunk_blocks_override(int blocks);

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -77,19 +78,28 @@ class StreamScope {
 // consumers token by token, 13 and 14 = the ring kernel with its consumers on one chunk (tensor
 // cores) wherever that exists (16-bit inputs, scalar gate), on the resident blocks and on 2; 15 =
 // the slice kernel where it applies (1 to 8 tokens of 16-bit inputs, k-first fp32 state,
-// Dk = 128, scalar gate, aligned rows; the rules elsewhere).
+// Dk = 128, scalar gate, aligned rows; the rules elsewhere); 16 and 17 = the ring kernel on 2
+// blocks with dynamic items from round 3, its consumers on one chunk and token by token; 18 = the
+// ring kernel on 3 blocks, its consumers on one chunk, with dynamic items after the full rounds.
 class PathScope {
  public:
   explicit PathScope(int path) {
-    cuda::set_recurrent_path_override(path >= 15 ? 6 : (path >= 10 ? 5 : (path >= 5 ? 4 : path)));
+    const bool ring_dynamic = path >= 16;
+    cuda::set_recurrent_path_override(
+        ring_dynamic ? 5 : (path == 15 ? 6 : (path >= 10 ? 5 : (path >= 5 ? 4 : path))));
     cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
     cuda::set_recurrent_chunk_first_override(path == 7 ? 2 : 0);
     cuda::set_recurrent_chunk_blocks_override(
-        path == 8 || path == 9 ? 3 : (path == 11 || path == 14 ? 2 : 0));
+        path == 8 || path == 9 || path == 18 ? 3
+                                             : (path == 11 || path == 14 || ring_dynamic ? 2 : 0));
     cuda::set_recurrent_chunk_schedule_override(path == 8 ? 1 : (path == 9 ? 2 : 0));
-    cuda::set_recurrent_ring_math_override(path == 12 ? 1 : (path == 13 || path == 14 ? 2 : 0));
+    cuda::set_recurrent_ring_math_override(
+        path == 12 || path == 17 ? 1
+                                 : (path == 13 || path == 14 || path == 16 || path == 18 ? 2 : 0));
+    cuda::set_recurrent_ring_schedule_override(ring_dynamic ? (path == 18 ? 3 : 2) : 1);
   }
   ~PathScope() {
+    cuda::set_recurrent_ring_schedule_override(0);
     cuda::set_recurrent_ring_math_override(0);
     cuda::set_recurrent_path_override(0);
     cuda::set_recurrent_chunk_columns_override(0);
@@ -107,7 +117,7 @@ using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
 using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
 
 // Every path of PathScope (above).
-constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
 
 // The paths every case runs through: all, or those listed in GDR_TEST_PATHS (numbers separated
 // by anything else, e.g. "8" or "4,10", to run one path under compute-sanitizer).
@@ -146,6 +156,9 @@ const char* path_name(int path) {
     case 13: return " [ring path, one chunk]";
     case 14: return " [ring path, one chunk, 2 blocks]";
     case 15: return " [slice path]";
+    case 16: return " [ring path, one chunk, 2 blocks, dynamic items]";
+    case 17: return " [ring path, token by token, 2 blocks, dynamic items]";
+    case 18: return " [ring path, one chunk, 3 blocks, dynamic last round]";
     default: return " [staged path]";
   }
 }
@@ -512,20 +525,36 @@ TEST(CudaDecode, RingChunkTensorMaps) {
       }
 }
 
-// The launch is captured into a CUDA graph and replayed (the serving pattern); the kernel
-// runs on the caller's stream.
-TEST(CudaDecode, GraphReplayOnStream) {
-  REQUIRE_GPU();
-  Case c = decode_case(4, 1, 2, 4, 128);
-  c.dtype = DType::bf16;
-  DecodeData d = make_decode_problem(c);
-  const ForwardResult ref = decode_reference(d);
+// `steps` decode steps of case c (a pool with indices) run by `run` on a fresh stream (which it
+// leaves synchronized), each reading the pool the one before wrote: the last o and the pool
+// against the reference stepped as often.
+void check_decode_steps(const Case& c, int steps, const std::string& what,
+                        const std::function<void(DecodeParams&, cudaStream_t)>& run) {
+  DecodeData d = make_decode_problem(c, 7, true);
+  DecodeData stepped = d;
+  ForwardResult ref;
+  for (int i = 0; i < steps; ++i) {
+    ref = decode_reference(stepped);
+    stepped.state.from_double(ref.final_state);
+  }
   d.base.o.poison();
   DecodeParams host = d.params();
   DeviceMirror m;
   DecodeParams p = mirror_decode_params(m, host);
-  StreamScope owned;
-  const cudaStream_t stream = owned.get();
+  StreamScope stream;
+  run(p, stream.get());
+  DeviceMirror::to_host(p.o, host.o);
+  DeviceMirror::to_host(p.state, host.state);
+  ForwardResult got;
+  got.o = d.base.o.to_double();
+  got.final_state = d.state.to_double();
+  expect_forward_close(got, ref, forward_tolerance(c), state_tolerance(c),
+                       describe(c, d.base.seed) + what);
+}
+
+// One decode of p captured on `stream` into a graph, the graph replayed `replays` times, the stream
+// synchronized.
+void replay_captured_decode(DecodeParams& p, cudaStream_t stream, int replays) {
   ExecConfig cfg;
   cfg.stream = stream;
   cudaGraph_t graph;
@@ -534,16 +563,47 @@ TEST(CudaDecode, GraphReplayOnStream) {
   decode(p, cfg);
   cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cuda_check(cudaGraphLaunch(exec, stream), "launch");  // one step: the state moves once
+  for (int i = 0; i < replays; ++i) cuda_check(cudaGraphLaunch(exec, stream), "launch");
   cuda_check(cudaStreamSynchronize(stream), "sync");
-  DeviceMirror::to_host(p.o, host.o);
-  DeviceMirror::to_host(p.state, host.state);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  ForwardResult got;
-  got.o = d.base.o.to_double();
-  got.final_state = d.state.to_double();
-  expect_forward_close(got, ref, forward_tolerance(c), describe(c, d.base.seed) + " graph");
+}
+
+// The launch is captured into a CUDA graph and replayed (the serving pattern); the kernel
+// runs on the caller's stream.
+TEST(CudaDecode, GraphReplayOnStream) {
+  REQUIRE_GPU();
+  Case c = decode_case(4, 1, 2, 4, 128);
+  c.dtype = DType::bf16;
+  check_decode_steps(c, 1, " graph", [](DecodeParams& p, cudaStream_t stream) {
+    replay_captured_decode(p, stream, 1);  // one step: the state moves once
+  });
+}
+
+// The ring kernel's dynamic items in graphs: each launch's last block leaves its counter pair
+// zero, so that a captured launch (a pair of the arena, made by an eager launch before the
+// capture, as a serving engine warms up) takes every item again at each replay. One eager step,
+// then a captured step replayed three times (each replay reads the pool the one before wrote):
+// the last o and the pool against the reference stepped four times; with dynamic items from round
+// 3 (2 blocks) and after the full rounds (3 blocks: 20 items, 2 of them dynamic), both consumer
+// forms.
+TEST(CudaDecode, RingDynamicItemsGraphReplays) {
+  REQUIRE_GPU();
+  constexpr int kReplays = 3;
+  for (int path : {16, 17, 18}) {
+    PathScope scope(path);
+    for (std::int64_t T : {1, 8}) {
+      Case c = decode_case(5, T, 2, 4, 128);
+      c.dtype = DType::bf16;
+      check_decode_steps(c, 1 + kReplays, " graph replays" + std::string(path_name(path)),
+                         [](DecodeParams& p, cudaStream_t stream) {
+                           ExecConfig cfg;
+                           cfg.stream = stream;
+                           decode(p, cfg);  // eager (and the arena made, if it is not yet)
+                           replay_captured_decode(p, stream, kReplays);
+                         });
+    }
+  }
 }
 
 // Several steps on one stream with no host sync between them, each reading the pool the one
@@ -561,30 +621,14 @@ TEST(CudaDecode, ChainedStepsDependentLaunch) {
         PathScope scope(path);
         Case c = decode_case(5, T, 2, 4, 128);
         c.dtype = DType::bf16;
-        DecodeData d = make_decode_problem(c, 7, true);
-        const std::string label = describe(c, d.base.seed) + " chained, pdl mode " +
-                                  std::to_string(mode) + path_name(path);
-        DecodeData stepped = d;
-        ForwardResult ref;
-        for (int i = 0; i < kSteps; ++i) {
-          ref = decode_reference(stepped);
-          stepped.state.from_double(ref.final_state);
-        }
-        d.base.o.poison();
-        DecodeParams host = d.params();
-        DeviceMirror m;
-        DecodeParams p = mirror_decode_params(m, host);
-        StreamScope stream;
-        ExecConfig cfg;
-        cfg.stream = stream.get();
-        for (int i = 0; i < kSteps; ++i) decode(p, cfg);
-        cuda_check(cudaStreamSynchronize(stream.get()), "sync");
-        DeviceMirror::to_host(p.o, host.o);
-        DeviceMirror::to_host(p.state, host.state);
-        ForwardResult got;
-        got.o = d.base.o.to_double();
-        got.final_state = d.state.to_double();
-        expect_forward_close(got, ref, forward_tolerance(c), state_tolerance(c), label);
+        check_decode_steps(c, kSteps,
+                           " chained, pdl mode " + std::to_string(mode) + path_name(path),
+                           [](DecodeParams& p, cudaStream_t stream) {
+                             ExecConfig cfg;
+                             cfg.stream = stream;
+                             for (int i = 0; i < kSteps; ++i) decode(p, cfg);
+                             cuda_check(cudaStreamSynchronize(stream), "sync");
+                           });
       }
     }
   }
