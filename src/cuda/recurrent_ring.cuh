@@ -923,8 +923,10 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
   // The end in slot `mine` % kRingSlots: its last item (mine - kRingSlots) is done and its store
-  // reads only the state, so the header is free; the same 3T arrivals as a fill.
+  // reads only the state, so the header is free once every lane has read it (ring_store: the
+  // __syncwarp, as before a fill); the same 3T arrivals as a fill.
   RingHeader* h = reinterpret_cast<RingHeader*>(sm + s * L::kSlot + L::kHead);
+  __syncwarp();
   if (lane == 0) h->live = -1;
   if (lane < 3 * a.T) mbar_arrive(&full[s]);
   bulk_wait_all();

@@ -262,13 +262,16 @@ void set_recurrent_chunk_schedule_override(int mode);
 // rounds its start looks up together). With a full round or more for every block the first rounds
 // stay static: the spread of the SMs' rates (~20 %) then decides only who takes the last items;
 // with many rounds all but the start's are dynamic, so the faster SMs take more over the call.
-// Measured on the H200 (bench/NOTES-gpu.md v49, bench/results/2026-12-04-decode-ring-dynamic.json;
-// Hv = 32, Dk = Dv = 128, bf16 inputs, 16 calls per graph, us static | dynamic from round 3 |
-// dynamic for the last round only, same process): T = 8 (chunk consumers): B = 16 (3.9 items per
-// block) 21.9-22.0 | 23.4-23.5 | 23.5-23.6, B = 32 (7.8) 40.9-41.0 | 40.7 | 40.2, B = 48 (11.6)
-// 59.0 | 57.5 | 57.2, B = 64 (15.5) 77.1-77.3 | 74.3-74.4 | 74.6-74.8, B = 128 145.6-145.9 |
-// 141.7-141.9 | 145.6-145.7, B = 256 285.6-285.8 | 276.3-276.9 | 286.0-286.1; T = 1 (token
-// consumers): B = 32 36.7-36.8 | 37.0-37.1 | 36.8-36.9, B = 128 135.7-135.9 | 134.3 | 136.1-136.3.
+// Measured on the H200 (bench/NOTES-gpu.md v49; Hv = 32, Dk = Dv = 128, bf16 inputs, 16 calls per
+// graph, the ring forced, us static | dynamic from round 3 | dynamic for the last round only, same
+// process; bench/results/2026-12-04-decode-ring-schedule.json at bddd8d6, in brackets the
+// experiment build's two rounds, 2026-12-04-decode-ring-dynamic.json): T = 8 (chunk consumers):
+// B = 16 (3.9 items per block) 21.8 | 23.3 | 23.4 [21.9-22.0 | 23.4-23.5 | 23.5-23.6], B = 32 (7.8)
+// 41.5 | 40.5 | 40.0 [40.9-41.0 | 40.7 | 40.2], B = 48 (11.6) 59.3 | 57.3 | 57.1 [59.0 | 57.5 |
+// 57.2], B = 64 (15.5) 77.1 | 74.1 | 74.7 [77.1-77.3 | 74.3-74.4 | 74.6-74.8], B = 128 145.4 |
+// 141.1 | 145.5, B = 256 284.4 | 275.4 | 285.0; T = 1 (token consumers): B = 32 36.2 | 36.6 |
+// 36.3 [36.7-36.8 | 37.0-37.1 | 36.8-36.9], B = 64 70.0 | 69.3 | 69.8, B = 128 135.4 | 134.1 |
+// 135.9, B = 256 267.7 | 263.5 | 268.0.
 // Rule: from 10 items per block dynamic from round 3; from 6 with the chunk consumers the last
 // round only; else static.
 constexpr std::int64_t recurrent_ring_dynamic_round(std::int64_t items, std::int64_t blocks,
