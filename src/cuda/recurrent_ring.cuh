@@ -56,9 +56,8 @@
 // takes its items of the first rounds that way, then the next untaken item of the later rounds
 // from a counter, so that the SMs that move state faster (their rates differ by up to ~20 %,
 // bench/NOTES-gpu.md v48) take more items and the call does not wait for the slowest SMs to finish
-// a full share. The producer marks the
-// block's end with a header of live = -1 after its last item; the consumers and the coefficient
-// warp stop there.
+// a full share (v49). The producer marks the block's end with a header of live = -1 after its last
+// item; the consumers and the coefficient warp stop there.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; decode.cu encodes the maps)
