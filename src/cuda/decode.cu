@@ -421,6 +421,21 @@ cudaMemPool_t small_pool(int device) {
   return pool;
 }
 
+// `words` zeroed unsigned words from gdr's pool on `stream` (exclusive to the call, also as nodes
+// of a captured graph: an allocation and a memset; the caller frees them on the stream after its
+// kernel); null when the device has no stream-ordered memory.
+unsigned* pooled_zero_words(int device, std::size_t words, cudaStream_t stream, const char* op) {
+  const cudaMemPool_t pool = small_pool(device);
+  unsigned* p = nullptr;
+  if (!pool || cudaMallocFromPoolAsync(reinterpret_cast<void**>(&p), words * sizeof(unsigned), pool,
+                                       stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  check(cudaMemsetAsync(p, 0, words * sizeof(unsigned), stream), op, "cudaMemsetAsync");
+  return p;
+}
+
 // RecurrentArgs::prefetch_blocks and prefetch_wave by the rules (tuning.h) or the override; only
 // 16-byte state rows.
 void set_prefetch(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, bool one_token) {
@@ -513,19 +528,10 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
     bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks, a.T));
     // The dynamic schedule's counter: 4 bytes from gdr's pool on the call's stream (exclusive to
-    // this call, also as nodes of a captured graph), zeroed before the kernel and freed after it.
-    unsigned* counter = nullptr;
-    if (dynamic) {
-      const cudaMemPool_t pool = small_pool(prob.device_index);
-      if (!pool || cudaMallocFromPoolAsync(reinterpret_cast<void**>(&counter), sizeof(unsigned),
-                                           pool, stream) != cudaSuccess) {
-        (void)cudaGetLastError();  // no stream-ordered memory: the static schedule
-        counter = nullptr;
-        dynamic = false;
-      } else {
-        check(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream), op, "cudaMemsetAsync");
-      }
-    }
+    // this call, also as nodes of a captured graph), zeroed before the kernel and freed after it;
+    // none to be had: the static schedule.
+    unsigned* counter = dynamic ? pooled_zero_words(prob.device_index, 1, stream, op) : nullptr;
+    dynamic = counter != nullptr;
     a.item_counter = counter;
     const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
     const bool late = mode == 1 || (mode == 0 && recurrent_chunk_first_late(items, blocks, a.T));
@@ -617,15 +623,8 @@ unsigned* ring_counter_pair(int device, cudaStream_t stream, bool* pooled, const
   }
   const bool capturing = status != cudaStreamCaptureStatusNone;
   if (unsigned* pair = ring_arena_pair(device, stream, capturing)) return pair;
-  const cudaMemPool_t pool = small_pool(device);
-  unsigned* pair = nullptr;
-  if (!pool || cudaMallocFromPoolAsync(reinterpret_cast<void**>(&pair), 2 * sizeof(unsigned), pool,
-                                       stream) != cudaSuccess) {
-    (void)cudaGetLastError();  // no stream-ordered memory: static items
-    return nullptr;
-  }
-  check(cudaMemsetAsync(pair, 0, 2 * sizeof(unsigned), stream), op, "cudaMemsetAsync");
-  *pooled = true;
+  unsigned* pair = pooled_zero_words(device, 2, stream, op);
+  *pooled = pair != nullptr;
   return pair;
 }
 
