@@ -436,6 +436,67 @@ unsigned* pooled_zero_words(int device, std::size_t words, cudaStream_t stream, 
   return p;
 }
 
+// The counter pairs of the ring and chunk kernels' dynamic items (recurrent.cuh,
+// release_item_counter; recurrent_ring.cuh ring_next_item, recurrent_chunk.cuh DYNAMIC): a
+// launch needs a pair of its own, zero at its start, and its last block leaves it zero. A launch
+// captured into a graph keeps a pair of a per-device arena for good: a graph's node never runs
+// beside itself, and each run leaves the pair zero for the next (two instances of one graph run
+// at once on two streams would share their pairs; torch and the serving engines instantiate a
+// captured graph once). The arena is made and zeroed (the host waits for it) by the first eager
+// launch on the device that wants dynamic items. The others (eager launches, captures before the
+// arena exists or once it is used up) take 8 bytes from gdr's pool on the stream, zeroed by a
+// memset before the kernel and freed after it.
+constexpr std::int64_t kArenaPairs = 16384;
+
+// A pair of the device's arena for a launch being captured on `stream` (null: none), or (not
+// capturing) null, the arena made first if it is not yet.
+unsigned* arena_counter_pair(int device, cudaStream_t stream, bool capturing) {
+  struct Arena {
+    unsigned* pairs = nullptr;
+    std::int64_t used = 0;
+    bool tried = false;
+  };
+  static std::mutex mutex;
+  static std::map<int, Arena> arenas;
+  std::lock_guard<std::mutex> lock(mutex);
+  Arena& arena = arenas[device];
+  if (capturing) {
+    if (!arena.pairs || arena.used == kArenaPairs) return nullptr;
+    return arena.pairs + 2 * arena.used++;
+  }
+  if (!arena.tried) {
+    arena.tried = true;
+    unsigned* pairs = nullptr;
+    const std::size_t bytes = 2 * sizeof(unsigned) * kArenaPairs;
+    if (cudaMalloc(reinterpret_cast<void**>(&pairs), bytes) == cudaSuccess) {
+      if (cudaMemsetAsync(pairs, 0, bytes, stream) == cudaSuccess &&
+          cudaStreamSynchronize(stream) == cudaSuccess)
+        arena.pairs = pairs;
+      else
+        cudaFree(pairs);
+    }
+    (void)cudaGetLastError();  // no arena: captures take pool pairs
+  }
+  return nullptr;
+}
+
+// The counter pair of a launch with dynamic items on `stream`: an arena pair (capturing), else
+// 8 bytes of the pool zeroed on the stream (*pooled: free it after the launch); null: none to be
+// had (static items).
+unsigned* dynamic_counter_pair(int device, cudaStream_t stream, bool* pooled, const char* op) {
+  *pooled = false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  const bool capturing = status != cudaStreamCaptureStatusNone;
+  if (unsigned* pair = arena_counter_pair(device, stream, capturing)) return pair;
+  unsigned* pair = pooled_zero_words(device, 2, stream, op);
+  *pooled = pair != nullptr;
+  return pair;
+}
+
 // RecurrentArgs::prefetch_blocks and prefetch_wave by the rules (tuning.h) or the override; only
 // 16-byte state rows.
 void set_prefetch(RecurrentArgs& a, std::int64_t blocks, std::int64_t resident, bool one_token) {
@@ -527,10 +588,11 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const std::int64_t blocks = persistent_grid(items, resident);
     const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
     bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks, a.T));
-    // The dynamic schedule's counter: 4 bytes from gdr's pool on the call's stream (exclusive to
-    // this call, also as nodes of a captured graph), zeroed before the kernel and freed after it;
-    // none to be had: the static schedule.
-    unsigned* counter = dynamic ? pooled_zero_words(prob.device_index, 1, stream, op) : nullptr;
+    // The dynamic schedule's counter pair (dynamic_counter_pair: captured launches keep an arena
+    // pair, the others a pooled pair zeroed on the stream); none to be had: the static schedule.
+    bool pooled = false;
+    unsigned* counter =
+        dynamic ? dynamic_counter_pair(prob.device_index, stream, &pooled, op) : nullptr;
     dynamic = counter != nullptr;
     a.item_counter = counter;
     const int mode = g_chunk_first_override.load(std::memory_order_relaxed);
@@ -538,7 +600,8 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     const dim3 grid(static_cast<unsigned>(blocks));
     auto launch = [&](auto kernel) {  // its shared memory allowed once per device (cached)
       allow_shared(reinterpret_cast<const void*>(kernel), smem, prob.device_index, op);
-      launch_kernel(kernel, grid.x, threads, smem, stream, pdl_wanted() && !dynamic, a);
+      // A pool pair's memset lies between this launch and the grid before it: a plain launch.
+      launch_kernel(kernel, grid.x, threads, smem, stream, pdl_wanted() && !pooled, a);
     };
     if (dynamic)
       launch(detail::recurrent_chunk_kernel<W, DT, true, true, SB>);
@@ -546,7 +609,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
       launch(detail::recurrent_chunk_kernel<W, DT, true, false, SB>);
     else
       launch(detail::recurrent_chunk_kernel<W, DT, false, false, SB>);
-    if (counter) check(cudaFreeAsync(counter, stream), op, "cudaFreeAsync");
+    if (pooled) check(cudaFreeAsync(counter, stream), op, "cudaFreeAsync");
     a.item_counter = nullptr;
   };
   auto by_columns = [&](auto dt) {
@@ -566,66 +629,6 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
   else
     by_columns(std::integral_constant<int, detail::kF32>{});
   check(cudaGetLastError(), op, "chunk kernel launch");
-}
-
-// The ring kernel's counter pairs for dynamic items (recurrent_ring.cuh, ring_next_item): a
-// launch needs a pair of its own, zero at its start, and its last block leaves it zero. A launch
-// captured into a graph keeps a pair of a per-device arena for good: a graph's node never runs
-// beside itself, and each run leaves the pair zero for the next (two instances of one graph run
-// at once on two streams would share their pairs; torch and the serving engines instantiate a
-// captured graph once). The arena is made and zeroed (the host waits for it) by the first eager
-// launch on the device that wants dynamic items. The others (eager launches, captures before the
-// arena exists or once it is used up) take 8 bytes from gdr's pool on the stream, zeroed by a
-// memset before the kernel and freed after it, as the chunk kernel's counter.
-constexpr std::int64_t kRingArenaPairs = 16384;
-
-// A pair of the device's arena for a launch being captured on `stream` (null: none), or (not
-// capturing) null, the arena made first if it is not yet.
-unsigned* ring_arena_pair(int device, cudaStream_t stream, bool capturing) {
-  struct Arena {
-    unsigned* pairs = nullptr;
-    std::int64_t used = 0;
-    bool tried = false;
-  };
-  static std::mutex mutex;
-  static std::map<int, Arena> arenas;
-  std::lock_guard<std::mutex> lock(mutex);
-  Arena& arena = arenas[device];
-  if (capturing) {
-    if (!arena.pairs || arena.used == kRingArenaPairs) return nullptr;
-    return arena.pairs + 2 * arena.used++;
-  }
-  if (!arena.tried) {
-    arena.tried = true;
-    unsigned* pairs = nullptr;
-    const std::size_t bytes = 2 * sizeof(unsigned) * kRingArenaPairs;
-    if (cudaMalloc(reinterpret_cast<void**>(&pairs), bytes) == cudaSuccess) {
-      if (cudaMemsetAsync(pairs, 0, bytes, stream) == cudaSuccess &&
-          cudaStreamSynchronize(stream) == cudaSuccess)
-        arena.pairs = pairs;
-      else
-        cudaFree(pairs);
-    }
-    (void)cudaGetLastError();  // no arena: captures take pool pairs
-  }
-  return nullptr;
-}
-
-// The counter pair of a ring launch with dynamic items on `stream`: an arena pair (capturing), else
-// 8 bytes of the pool zeroed on the stream (*pooled: free it after the launch); null: none to be
-// had (static items).
-unsigned* ring_counter_pair(int device, cudaStream_t stream, bool* pooled, const char* op) {
-  *pooled = false;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  const bool capturing = status != cudaStreamCaptureStatusNone;
-  if (unsigned* pair = ring_arena_pair(device, stream, capturing)) return pair;
-  unsigned* pair = pooled_zero_words(device, 2, stream, op);
-  *pooled = pair != nullptr;
-  return pair;
 }
 
 // The ring kernel's items are contiguous (one bulk copy each way, as the kernel tests it): state
@@ -733,7 +736,7 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
                                    : recurrent_ring_dynamic_round(items, blocks, chunk_math);
     bool pooled = false;
     a.item_counter =
-        round > 0 ? ring_counter_pair(prob.device_index, stream, &pooled, op) : nullptr;
+        round > 0 ? dynamic_counter_pair(prob.device_index, stream, &pooled, op) : nullptr;
     a.dynamic_round = a.item_counter ? static_cast<unsigned>(round) : 0u;
     // A pool pair's memset lies between this launch and the grid before it: a plain launch, as
     // the chunk kernel's dynamic one.

@@ -96,14 +96,26 @@ struct RecurrentArgs {
   // The one-token kernel's 16-byte state loads with the default cache policy instead of
   // evict-first (tuning.h, recurrent_one_loads_normal).
   bool state_ld_normal;
-  // The chunk kernel's dynamic items (recurrent_chunk.cuh, DYNAMIC): a counter of items taken
-  // beyond the first wave, zero at the launch and exclusive to it; null: static items. The ring
-  // kernel's (recurrent_ring.cuh): a pair (items taken, blocks done), zero at the launch and
-  // exclusive to it, which the launch's last block leaves zero; its blocks take the items of
-  // rounds from dynamic_round on from it (> 0; null: static items).
+  // Dynamic items: a pair (items taken, blocks done), zero at the launch and exclusive to it,
+  // which the launch's last block leaves zero (release_item_counter); null: static items. The
+  // chunk kernel (recurrent_chunk.cuh, DYNAMIC) takes its items beyond the first wave from it,
+  // the ring kernel (recurrent_ring.cuh) the items of rounds from dynamic_round on (> 0).
   unsigned* item_counter;
   unsigned dynamic_round;
 };
+
+// After a block's last take from a.item_counter (one thread): its arrival on the pair's second
+// word; the launch's last block (every block has then taken its last) leaves both words zero for
+// the next launch that uses the pair (after this grid has completed: stream order, or a dependent
+// launch's wait), so that a graph's node can keep its pair without a memset node.
+__device__ __forceinline__ void release_item_counter(const RecurrentArgs& a) {
+  if (!a.item_counter) return;
+  __threadfence();  // this block's takes before its arrival
+  if (atomicAdd(a.item_counter + 1, 1u) == gridDim.x - 1) {
+    atomicExch(a.item_counter, 0u);
+    atomicExch(a.item_counter + 1, 0u);
+  }
+}
 
 // Programmatic dependent launch (sm_90; the host sets the launch attribute, decode.cu): waits
 // until the grids this one depends on in its stream have completed and their memory is visible,

@@ -824,18 +824,6 @@ __device__ __forceinline__ unsigned ring_next_item(const RecurrentArgs& a, unsig
   return first < items && taken < items - first ? first + taken : items;
 }
 
-// After the block's last ring_next_item: its arrival on the counter's second word; the launch's
-// last block (every block has then taken its last) leaves both words zero for the next launch that
-// uses the pair (after this grid has completed: stream order, or a dependent launch's wait).
-__device__ __forceinline__ void ring_counter_release(const RecurrentArgs& a, int lane) {
-  if (!a.item_counter || lane != 0) return;
-  __threadfence();  // this block's takes before its arrival
-  if (atomicAdd(a.item_counter + 1, 1u) == gridDim.x - 1) {
-    atomicExch(a.item_counter, 0u);
-    atomicExch(a.item_counter + 1, 0u);
-  }
-}
-
 // The producer warp's loop. Item k of the block (ring_next_item) goes into slot k % kRingSlots
 // once the slot's previous item (k - kRingSlots) is done, stored and read out of the slot; after
 // the last, the end (a header with live = -1) in the next slot. An item is looked up (its row from
@@ -910,7 +898,7 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
     cur = next;
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
-  ring_counter_release(a, lane);
+  if (lane == 0) release_item_counter(a);  // the block's last take is done
   // The last items in flight (at most kRingSlots), in order.
   const unsigned mine = k + 1;  // the block's items
   const unsigned tail = mine < kRingSlots ? mine : kRingSlots;

@@ -580,17 +580,17 @@ TEST(CudaDecode, GraphReplayOnStream) {
   });
 }
 
-// The ring kernel's dynamic items in graphs: each launch's last block leaves its counter pair
-// zero, so that a captured launch (a pair of the arena, made by an eager launch before the
+// The ring and chunk kernels' dynamic items in graphs: each launch's last block leaves its counter
+// pair zero, so that a captured launch (a pair of the arena, made by an eager launch before the
 // capture, as a serving engine warms up) takes every item again at each replay. One eager step,
 // then a captured step replayed three times (each replay reads the pool the one before wrote):
-// the last o and the pool against the reference stepped four times; with dynamic items from round
-// 3 (2 blocks) and after the full rounds (3 blocks: 20 items, 2 of them dynamic), both consumer
-// forms.
-TEST(CudaDecode, RingDynamicItemsGraphReplays) {
+// the last o and the pool against the reference stepped four times; the ring with dynamic items
+// from round 3 (2 blocks) and after the full rounds (3 blocks: 20 items, 2 of them dynamic), both
+// consumer forms, and the chunk kernel with dynamic items on 3 blocks.
+TEST(CudaDecode, DynamicItemsGraphReplays) {
   REQUIRE_GPU();
   constexpr int kReplays = 3;
-  for (int path : {16, 17, 18}) {
+  for (int path : {9, 16, 17, 18}) {
     PathScope scope(path);
     for (std::int64_t T : {1, 8}) {
       Case c = decode_case(5, T, 2, 4, 128);
