@@ -738,6 +738,7 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     a.item_counter =
         round > 0 ? dynamic_counter_pair(prob.device_index, stream, &pooled, op) : nullptr;
     a.dynamic_round = a.item_counter ? static_cast<unsigned>(round) : 0u;
+    a.setup_before_wait = recurrent_ring_setup_early(items, blocks);
     // A pool pair's memset lies between this launch and the grid before it: a plain launch, as
     // the chunk kernel's dynamic one.
     launch_kernel(kernel, static_cast<unsigned>(blocks), threads, smem, stream,
@@ -745,6 +746,7 @@ void launch_ring(RecurrentArgs& a, const Problem& prob, int sms, const char* op,
     if (pooled) check(cudaFreeAsync(a.item_counter, stream), op, "cudaFreeAsync");
     a.item_counter = nullptr;
     a.dynamic_round = 0;
+    a.setup_before_wait = false;
   };
   if (chunk_math) {
     if (prob.dtype == DType::bf16)

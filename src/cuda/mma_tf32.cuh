@@ -1,7 +1,8 @@
 // Tensor-core and asynchronous-copy helpers of the chunk kernel (recurrent_chunk.cuh): cp.async
-// 16-byte copies global -> shared, the tf32 hi / lo split, mma.sync m16n8k8 with tf32 inputs,
-// mbarriers and bulk copies (the ring kernel, recurrent_ring.cuh, uses the last two and adds its
-// bulk stores and L2 policies).
+// 16-byte copies global -> shared, the tf32 hi / lo split, mma.sync m16n8k8 with tf32 inputs, the
+// exact three-part bf16 split and mma.sync m16n8k16 with bf16 inputs (the ring kernel's chunk
+// consumers), mbarriers and bulk copies (the ring kernel, recurrent_ring.cuh, uses the last two
+// and adds its bulk stores and L2 policies).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,35 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], float4 a, float b0, floa
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(__float_as_uint(a.x)), "r"(__float_as_uint(a.y)), "r"(__float_as_uint(a.z)),
         "r"(__float_as_uint(a.w)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
+// x and y as three bf16 pairs with x = hx + mx + lx exactly (and y alike): hx the top 16 bits of
+// x (sign, exponent, 7 mantissa bits: a bf16 value as it stands), r = x - hx exact in f32 (at most
+// 16 significant bits), mx the top 16 bits of r, lx = r - mx exact with at most 8 significant bits,
+// so a bf16 value too. Each pair holds x in its low half, y in its high half (the operand order of
+// mma_bf16). Truncation, not rounding, makes every part exact; products of the parts with exact
+// bf16 operands, accumulated in f32, then carry all of x's 24 bits (3xBF16).
+__device__ __forceinline__ void bf16_split3(float x, float y, std::uint32_t& h, std::uint32_t& m,
+                                            std::uint32_t& l) {
+  constexpr std::uint32_t kTop = 0xffff0000u;
+  const std::uint32_t xb = __float_as_uint(x), yb = __float_as_uint(y);
+  h = __byte_perm(xb, yb, 0x7632);  // the high halves of x (low) and y (high)
+  const float rx = x - __uint_as_float(xb & kTop), ry = y - __uint_as_float(yb & kTop);
+  const std::uint32_t rxb = __float_as_uint(rx), ryb = __float_as_uint(ry);
+  m = __byte_perm(rxb, ryb, 0x7632);
+  const float lx = rx - __uint_as_float(rxb & kTop), ly = ry - __uint_as_float(ryb & kTop);
+  l = __byte_perm(__float_as_uint(lx), __float_as_uint(ly), 0x7632);
+}
+
+// D += A B, m16n8k16, bf16 inputs (pairs along k, the lower k in the low half), fp32 accumulate.
+// Fragments (g = lane / 4, c = lane % 4): A a.x (g, 2c..2c+1), a.y (g + 8, 2c..), a.z (g, 2c +
+// 8..), a.w (g + 8, 2c + 8..); B b0 (2c..2c+1, g), b1 (2c + 8.., g); D as mma_tf32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint4 a, std::uint32_t b0,
+                                         std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
 // mbarrier (shared memory, 8 bytes): init with an arrival count; the arrival that also expects

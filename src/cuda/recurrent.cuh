@@ -102,6 +102,9 @@ struct RecurrentArgs {
   // the ring kernel (recurrent_ring.cuh) the items of rounds from dynamic_round on (> 0).
   unsigned* item_counter;
   unsigned dynamic_round;
+  // The ring kernel's barrier init and tensor-map prefetch before the dependent-launch wait
+  // (tuning.h, recurrent_ring_setup_early).
+  bool setup_before_wait;
 };
 
 // After a block's last take from a.item_counter (one thread): its arrival on the pair's second

@@ -410,6 +410,29 @@ __device__ __forceinline__ void chunk_pt_tile(const float (&s)[4], float k0, flo
   }
 }
 
+// Two key tiles (j, j + 1: 16 keys) of P^T = S0^T [K; Q]^T with bf16 K and Q (exact) in 3xBF16:
+// the state's registers of the two tiles (C order: row g, slots 2c, 2c + 1 of each tile) are, as
+// bf16 pairs, the A fragment of one m16n8k16 product (tile j's slots as k = 2c, 2c + 1, tile j +
+// 1's as k = 2c + 8, 2c + 9), split exactly into three parts (bf16_split3); kb, qb: K's and Q's B
+// fragments at those keys (bf16 pairs). Six products where chunk_pt_tile takes eight for the two
+// tiles; the main products into pk, pq, the middle and low parts into pke, pqe.
+__device__ __forceinline__ void chunk_pt_pair_bf16(const float (&s0)[4], const float (&s1)[4],
+                                                   uint2 kb, uint2 qb, float (&pk)[4],
+                                                   float (&pke)[4], float (&pq)[4],
+                                                   float (&pqe)[4]) {
+  uint4 ah, am, al;
+  bf16_split3(s0[0], s0[1], ah.x, am.x, al.x);
+  bf16_split3(s0[2], s0[3], ah.y, am.y, al.y);
+  bf16_split3(s1[0], s1[1], ah.z, am.z, al.z);
+  bf16_split3(s1[2], s1[3], ah.w, am.w, al.w);
+  mma_bf16(pk, ah, kb.x, kb.y);
+  mma_bf16(pke, am, kb.x, kb.y);
+  mma_bf16(pke, al, kb.x, kb.y);
+  mma_bf16(pq, ah, qb.x, qb.y);
+  mma_bf16(pqe, am, qb.x, qb.y);
+  mma_bf16(pqe, al, qb.x, qb.y);
+}
+
 // One key tile of the update S^T = gamma S^T + (U diag(cU))^T K in 3xTF32: s (C order) becomes
 // gl s + uh k + (ul k [+ uh kl]), the correction summed apart (uh, ul: the A fragment of
 // (U diag(cU))^T, hi and lo; k0, k1: K's B fragment, hi; KLO: K is not exact in tf32 and kl0, kl1

@@ -654,14 +654,14 @@ __device__ __forceinline__ void ring_consume_tokens(const RecurrentArgs& a, char
 
 // ---- the consumers as one chunk on the tensor cores (CM) ----
 //
-// T = 1 .. 8 tokens of 16-bit inputs (exact in tf32) with a scalar gate as one chunk: the chunk
-// form of recurrent_chunk.cuh (its header states the math and the fragment layouts) on the slot, so
-// that an item costs the consumers about the same whatever T instead of ~0.5 us per token
-// (ring_consume_tokens). The chunk's coefficients need only its tokens and scalars: a tenth warp
-// forms them an item ahead (ring_chunk_coefficients) into one of two buffers, so that the eight
-// consumer warps never wait for each other: warp w takes the state's columns 16 w .. 16 w + 15 and
-// reads the raw token rows itself (the slot's rows are padded so that those reads are free of bank
-// conflicts).
+// T = 1 .. 8 tokens of 16-bit inputs (exact in tf32; bf16 ones also in the 3xBF16 products of
+// P^T, chunk_pt_pair_bf16) with a scalar gate as one chunk: the chunk form of recurrent_chunk.cuh
+// (its header states the math and the fragment layouts) on the slot, so that an item costs the
+// consumers about the same whatever T instead of ~0.5 us per token (ring_consume_tokens). The
+// chunk's coefficients need only its tokens and scalars: a tenth warp forms them an item ahead
+// (ring_chunk_coefficients) into one of two buffers, so that the eight consumer warps never wait
+// for each other: warp w takes the state's columns 16 w .. 16 w + 15 and reads the raw token rows
+// itself (the slot's rows are padded so that those reads are free of bank conflicts).
 
 // Coefficient buffer b's mbarriers: ready (the coefficient warp's 32 arrivals) and free (the
 // consumers' NC arrivals after their last read).
@@ -752,15 +752,38 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
     s[j][0] = r0.x, s[j][2] = r0.y, s[j][1] = r1.x, s[j][3] = r1.y;
   }
   // P^T = S0^T [K; Q]^T: pk (k tokens), pq (q tokens), main + correction accumulators, each over
-  // even and odd key tiles apart (eight chains of 8 products instead of four of 16).
+  // even and odd key tiles (bf16: pairs of tiles) apart, so that eight chains run side by side.
+  // bf16 inputs: two key tiles per m16n8k16 product in 3xBF16 (six products per 16 keys where
+  // 3xTF32 takes eight; bench/NOTES-gpu.md v51: T = 8, B = 32 40.4 -> 39.9 us, the state as
+  // accurate); f16 keys are not exact in bf16 and keep 3xTF32.
   float pk[2][4] = {}, pke[2][4] = {}, pq[2][4] = {}, pqe[2][4] = {};
+  if constexpr (DT == kBF16) {
+    // K's (Q's) B fragment of keys 16 J .. 16 J + 15: k = 2c, 2c + 1 (tile 2J's slots: keys 16 J
+    // + c, + 4), k = 2c + 8, 2c + 9 (tile 2J + 1's: keys 16 J + 8 + c, + 12), token g.
+    auto pair_at = [](const char* row, int key0, int key1) {
+      const auto* e = reinterpret_cast<const unsigned short*>(row);
+      return static_cast<std::uint32_t>(e[key0]) | static_cast<std::uint32_t>(e[key1]) << 16;
+    };
 #pragma unroll
-  for (int j = 0; j < KT; ++j) {
-    const int key = 8 * j + lc, e = j & 1;  // A's columns c, c + 4: keys 8 j + c, 8 j + c + 4
-    const float4 x = live_g ? make_float4(raw_at(krow, key, DT), raw_at(krow, key + 4, DT),
-                                          raw_at(qrow, key, DT), raw_at(qrow, key + 4, DT))
-                            : make_float4(0.f, 0.f, 0.f, 0.f);
-    chunk_pt_tile(s[j], x.x, x.y, x.z, x.w, pk[e], pke[e], pq[e], pqe[e]);
+    for (int J = 0; J < KT / 2; ++J) {
+      const int key = 16 * J + lc, e = J & 1;
+      const uint2 kb =
+          live_g ? make_uint2(pair_at(krow, key, key + 4), pair_at(krow, key + 8, key + 12))
+                 : make_uint2(0u, 0u);
+      const uint2 qb =
+          live_g ? make_uint2(pair_at(qrow, key, key + 4), pair_at(qrow, key + 8, key + 12))
+                 : make_uint2(0u, 0u);
+      chunk_pt_pair_bf16(s[2 * J], s[2 * J + 1], kb, qb, pk[e], pke[e], pq[e], pqe[e]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < KT; ++j) {
+      const int key = 8 * j + lc, e = j & 1;  // A's columns c, c + 4: keys 8 j + c, 8 j + c + 4
+      const float4 x = live_g ? make_float4(raw_at(krow, key, DT), raw_at(krow, key + 4, DT),
+                                            raw_at(qrow, key, DT), raw_at(qrow, key + 4, DT))
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+      chunk_pt_tile(s[j], x.x, x.y, x.z, x.w, pk[e], pke[e], pq[e], pqe[e]);
+    }
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
@@ -946,8 +969,16 @@ __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
   std::uint64_t* state_full = coef_free + 2;  // CM: [kRingSlots]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned items = static_cast<unsigned>(a.N * a.Hv * static_cast<std::int64_t>(a.splits));
-  wait_for_prior_grids();
-
+  // The setup touches only this block's shared memory and the kernel's parameters: before the
+  // wait where the rule says so (tuning.h, recurrent_ring_setup_early).
+  if (!a.setup_before_wait) wait_for_prior_grids();
+  if (CM && warp == kRingConsumers && lane == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&maps.in))
+                 : "memory");
+    if (a.h_out)
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&maps.out))
+                   : "memory");
+  }
   if (tid == 0) {
     for (int s = 0; s < kRingSlots; ++s) {
       mbar_init(&full[s], 3 * static_cast<unsigned>(a.T));  // producer lanes [0, 3T) (ring_fill)
@@ -963,6 +994,7 @@ __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
     mbar_init_fence();
   }
   __syncthreads();
+  if (a.setup_before_wait) wait_for_prior_grids();
 
   if (warp == kRingConsumers) {
     ring_produce<DT, PK, CM>(a, maps, sm, full, state_full, done, items, lane);

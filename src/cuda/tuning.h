@@ -280,6 +280,18 @@ constexpr std::int64_t recurrent_ring_dynamic_round(std::int64_t items, std::int
   return chunk_math && items >= 6 * blocks ? items / blocks : 0;
 }
 
+// Where the ring kernel initializes its mbarriers and prefetches its tensor maps before the
+// dependent-launch wait (both touch only the block's shared memory and the kernel's parameters),
+// so that a block that starts while the grid before drains is ready when the wait releases.
+// Measured on the H200 (bench/NOTES-gpu.md v50, v51; us, after | before the wait, alternating in
+// one process): T = 8 B = 16 21.75-21.79 | 21.63, B = 32 39.74-39.80 | 39.61-39.65 and 40.40-40.67
+// | 40.29-40.49, B = 64 73.93-73.96 | 73.79-73.80, B = 128 141.14-141.25 | 141.10-141.13, B = 256
+// 275.37-275.42 | 275.71-276.59; T = 1 B = 32 36.26-36.31 | 36.12-36.19. About 0.1 us up to B = 64,
+// mixed at B = 256. Rule: up to 16 items per block.
+constexpr bool recurrent_ring_setup_early(std::int64_t items, std::int64_t blocks) {
+  return items <= 16 * blocks;
+}
+
 // Tests and benchmarks: the ring kernel's items 1 = static, 2 = dynamic from round 3, 3 = dynamic
 // for the rounds after the full ones (at least from round 3); 0 restores the rule.
 void set_recurrent_ring_schedule_override(int mode);
