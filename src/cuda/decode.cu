@@ -207,11 +207,15 @@ static_assert(recurrent_chunk_columns(32 * 4, 64, 132) == 64);
 static_assert(recurrent_chunk_first_late(32 * 64, 264, 8));
 static_assert(!recurrent_chunk_first_late(32 * 128, 264, 8));
 static_assert(recurrent_chunk_first_late(32 * 256, 264, 16));
-// Dynamic items beyond 6 per block, one chunk each: T = 8 B = 64 (2048 items on 264 blocks) and
-// B = 128 yes, B = 32 no, T = 16 B = 128 no.
-static_assert(recurrent_chunk_dynamic(32 * 64, 264, 8));
-static_assert(!recurrent_chunk_dynamic(32 * 32, 264, 8));
-static_assert(!recurrent_chunk_dynamic(32 * 128, 264, 16));
+// Dynamic items beyond 6 per block (8 with a bf16 pool), one chunk each: T = 8 B = 64 (2048 items
+// on 264 blocks) yes with an fp32 pool and no with a bf16 one, B = 80 and 128 yes, B = 32 no,
+// T = 16 B = 128 no.
+static_assert(recurrent_chunk_dynamic(32 * 64, 264, 8, false));
+static_assert(!recurrent_chunk_dynamic(32 * 64, 264, 8, true));
+static_assert(recurrent_chunk_dynamic(32 * 80, 264, 8, true));
+static_assert(recurrent_chunk_dynamic(32 * 128, 264, 8, true));
+static_assert(!recurrent_chunk_dynamic(32 * 32, 264, 8, false));
+static_assert(!recurrent_chunk_dynamic(32 * 128, 264, 16, false));
 
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -587,7 +591,7 @@ void launch_chunk(RecurrentArgs& a, const Problem& prob, int sms, const char* op
     if (resident <= 0) refuse(op, "the chunk kernel does not fit on this device");
     const std::int64_t blocks = persistent_grid(items, resident);
     const int sched = g_chunk_schedule_override.load(std::memory_order_relaxed);
-    bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks, a.T));
+    bool dynamic = sched == 2 || (sched == 0 && recurrent_chunk_dynamic(items, blocks, a.T, SB));
     // The dynamic schedule's counter pair (dynamic_counter_pair: captured launches keep an arena
     // pair, the others a pooled pair zeroed on the stream); none to be had: the static schedule.
     bool pooled = false;

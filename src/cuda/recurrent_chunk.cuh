@@ -482,12 +482,13 @@ __device__ __forceinline__ void chunk_store_o(const RecurrentArgs& a, float (&o)
 // of the wave waits for its first state; the steady state's code is the same, but register
 // allocation differs (0-28 bytes of spills either way by W and dtype; measured ~1 % slower at 31
 // one-chunk items per block, bench/NOTES-gpu.md v34).
-// DYNAMIC (more than 6 one-chunk items per block, tuning.h recurrent_chunk_dynamic): after a
-// block's first item (blockIdx.x) the issuing warp takes each next item from a per-call counter
-// (a.item_counter, a pair zero at the launch that the launch's last block leaves zero:
-// release_item_counter) at the first barrier of the current item's last chunk, so that blocks on
-// faster SMs take more items (with a static round-robin the blocks' periods differ by up to ~10 %
-// by SM and the last ones end ~6 us after the median; bench/NOTES-gpu.md v34).
+// DYNAMIC (more than 6 one-chunk items per block, 8 with a bf16 pool, tuning.h
+// recurrent_chunk_dynamic): after a block's first item (blockIdx.x) the issuing warp takes each
+// next item from a per-call counter (a.item_counter, a pair zero at the launch that the launch's
+// last block leaves zero: release_item_counter) at the first barrier of the current item's last
+// chunk, so that blocks on faster SMs take more items (with a static round-robin the blocks'
+// periods differ by up to ~10 % by SM and the last ones end ~6 us after the median;
+// bench/NOTES-gpu.md v34).
 template <int W, int DT, bool FIRST_LATE, bool DYNAMIC = false, bool SB = false>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {

@@ -242,16 +242,21 @@ constexpr bool recurrent_chunk_first_late(std::int64_t items, std::int64_t block
 // the rule.
 void set_recurrent_chunk_first_override(int mode);
 
-// The chunk kernel's items taken dynamically from a per-call counter (recurrent_chunk.cuh,
-// DYNAMIC; with the first state wait late) instead of round-robin: the blocks' periods differ by
-// up to ~10 % by SM, and a static schedule ends with the slowest. Measured on the H200
-// (bench/NOTES-gpu.md v35, bench/results/2026-11-30-decode-21.json, 6d1f3b2; us static |
-// dynamic): T = 8 B = 32 46.9 | 47.8, B = 64 85.4 | 83.0, B = 128 162.4 | 152.7, B = 256 310.3 |
-// 291.1; T = 16 B = 32 62.9 | 65.0, B = 128 218.8 | 222.7, B = 256 421.9 | 430.0. Rule: more
-// than 6 items per block (B = 64 at T = 8 has 7.8; B = 32 3.9) and one chunk per item.
-constexpr bool recurrent_chunk_dynamic(std::int64_t items, std::int64_t blocks,
-                                       std::int64_t tokens) {
-  return items > 6 * blocks && tokens <= 8;
+// The chunk kernel's items taken dynamically from a counter pair of the launch
+// (recurrent_chunk.cuh, DYNAMIC; with the first state wait late) instead of round-robin: the
+// blocks' periods differ by up to ~10 % by SM, and a static schedule ends with the slowest.
+// Measured on the H200 (us static | dynamic). fp32 pool (bench/NOTES-gpu.md v35,
+// bench/results/2026-11-30-decode-21.json, 6d1f3b2): T = 8 B = 32 46.9 | 47.8, B = 64 85.4 |
+// 83.0, B = 128 162.4 | 152.7, B = 256 310.3 | 291.1; T = 16 B = 32 62.9 | 65.0, B = 128 218.8 |
+// 222.7, B = 256 421.9 | 430.0. bf16 pool, where an item moves half the bytes (v51,
+// 2026-12-04-decode-chunk-bf16-schedule.json, 5313716): T = 8 B = 48 45.38 | 47.27, B = 64 59.56 |
+// 61.34, B = 80 76.08 | 74.93, B = 96 90.12 | 88.61, B = 128 118.84 | 115.35; T = 4 B = 64 55.77 |
+// 57.92, B = 96 86.57 | 83.92, B = 128 114.54 | 109.27; T = 16 static by 3-5 us at B = 64..128.
+// Rule: one chunk per item and more than 6 items per block, 8 with a bf16 pool (at Hv = 32 on 264
+// blocks: B = 64 has 7.8, B = 80 9.7).
+constexpr bool recurrent_chunk_dynamic(std::int64_t items, std::int64_t blocks, std::int64_t tokens,
+                                       bool bf16_state) {
+  return items > (bf16_state ? 8 : 6) * blocks && tokens <= 8;
 }
 
 // Tests and benchmarks: the chunk kernel's items 1 = static, 2 = dynamic; 0 restores the rule.
@@ -396,7 +401,8 @@ constexpr bool recurrent_one_loads_normal(std::int64_t blocks, std::int64_t resi
 void set_recurrent_load_override(int mode);
 
 // Tests and benchmarks: programmatic dependent launches 1 = off, 2 = on; 0 restores the rule (on).
-// The dynamic chunk schedule (its counter zeroed by a memset just before) is launched plainly.
+// A dynamic schedule whose counter pair comes from gdr's pool (zeroed by a memset just before:
+// eager launches, or captures once the arena is used up) is launched plainly.
 void set_recurrent_pdl_override(int mode);
 
 // Tests and benchmarks: the next-wave prefetch 1 = off, 2 = every block prefetches the next
