@@ -150,6 +150,11 @@ __device__ __forceinline__ void tensor_store(const CUtensorMap* map, int c0, int
       "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(src)), "l"(policy)
       : "memory");
 }
+// The tensor map at `map` (kernel parameter space) brought into the descriptor cache ahead of its
+// first copy.
+__device__ __forceinline__ void tensor_map_prefetch(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+}
 // The box asked of the L2 (no copy to shared memory).
 __device__ __forceinline__ void tensor_prefetch_l2(const CUtensorMap* map, int c0, int c1, int c2,
                                                    int c3, int c4) {
@@ -973,11 +978,8 @@ __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
   // wait where the rule says so (tuning.h, recurrent_ring_setup_early).
   if (!a.setup_before_wait) wait_for_prior_grids();
   if (CM && warp == kRingConsumers && lane == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&maps.in))
-                 : "memory");
-    if (a.h_out)
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&maps.out))
-                   : "memory");
+    tensor_map_prefetch(&maps.in);
+    if (a.h_out) tensor_map_prefetch(&maps.out);
   }
   if (tid == 0) {
     for (int s = 0; s < kRingSlots; ++s) {
