@@ -555,6 +555,17 @@ void check_decode_steps(const Case& c, int steps, const std::string& what,
                        describe(c, d.base.seed) + what);
 }
 
+// `steps` decodes of p on `stream` with no host sync between them, then the stream synchronized
+// (a `run` of check_decode_steps).
+std::function<void(DecodeParams&, cudaStream_t)> decode_chained(int steps) {
+  return [steps](DecodeParams& p, cudaStream_t stream) {
+    ExecConfig cfg;
+    cfg.stream = stream;
+    for (int i = 0; i < steps; ++i) decode(p, cfg);
+    cuda_check(cudaStreamSynchronize(stream), "sync");
+  };
+}
+
 // One decode of p captured on `stream` into a graph, the graph replayed `replays` times, the stream
 // synchronized.
 void replay_captured_decode(DecodeParams& p, cudaStream_t stream, int replays) {
@@ -626,12 +637,7 @@ TEST(CudaDecode, ChainedStepsDependentLaunch) {
         c.dtype = DType::bf16;
         check_decode_steps(c, kSteps,
                            " chained, pdl mode " + std::to_string(mode) + path_name(path),
-                           [](DecodeParams& p, cudaStream_t stream) {
-                             ExecConfig cfg;
-                             cfg.stream = stream;
-                             for (int i = 0; i < kSteps; ++i) decode(p, cfg);
-                             cuda_check(cudaStreamSynchronize(stream), "sync");
-                           });
+                           decode_chained(kSteps));
       }
     }
   }
@@ -652,15 +658,8 @@ TEST(CudaDecode, RingChunkStateKeepsFp32Accuracy) {
       for (std::int64_t T : {6, 8}) {
         Case c = decode_case(5, T, 2, 4, 128);
         c.dtype = dtype;
-        check_decode_steps(
-            c, kSteps, " fp32 accuracy" + std::string(path_name(path)),
-            [](DecodeParams& p, cudaStream_t stream) {
-              ExecConfig cfg;
-              cfg.stream = stream;
-              for (int i = 0; i < kSteps; ++i) decode(p, cfg);
-              cuda_check(cudaStreamSynchronize(stream), "sync");
-            },
-            kStateTol);
+        check_decode_steps(c, kSteps, " fp32 accuracy" + std::string(path_name(path)),
+                           decode_chained(kSteps), kStateTol);
       }
   }
 }
