@@ -704,13 +704,50 @@ bool encode_state_map(CUtensorMap* map, const float* base, const Problem& prob, 
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The chunk consumers' tensor maps: the input state and (if any) the output state. False: the
-// maps cannot describe them (the ring's consumers then take the tokens one by one).
+// One token input's tensor map for the chunk consumers (detail::RingMaps): [B][T][heads][D] of
+// 16-bit elements with strides (sb, st, sh) elements, rows contiguous, moved in boxes of
+// kRowBytes / 2 elements x 1 head x T tokens x 1 sequence (an item's T rows at the slot's padded
+// pitch; elements past D read as zeros). False where a map cannot describe it (as
+// encode_state_map).
+bool encode_token_map(CUtensorMap* map, const void* base, const Problem& prob, std::int64_t heads,
+                      std::int64_t d, std::int64_t sb, std::int64_t st, std::int64_t sh) {
+  const auto encode = tensor_map_encoder();
+  if (!encode || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || prob.B > INT_MAX ||
+      prob.T > detail::kRingMaxTokens)
+    return false;
+  constexpr int es = 2;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(prob.T), static_cast<cuuint64_t>(prob.B)};
+  const std::int64_t element_strides[3] = {sh, st, sb};
+  cuuint64_t strides[3];
+  std::int64_t extent = d * es;  // bytes spanned by the dimensions inside
+  for (int i = 0; i < 3; ++i) {
+    const std::int64_t bytes = dims[i + 1] == 1 ? (extent + 15) / 16 * 16 : element_strides[i] * es;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
+    strides[i] = static_cast<cuuint64_t>(bytes);
+    extent = bytes * static_cast<std::int64_t>(dims[i + 1]);
+  }
+  const cuuint32_t box[4] = {detail::RingLayoutT<true>::kRowBytes / es, 1,
+                             static_cast<cuuint32_t>(prob.T), 1};
+  const cuuint32_t steps[4] = {1, 1, 1, 1};
+  const auto type = prob.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, type, 4, const_cast<void*>(base), dims, strides, box, steps,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The chunk consumers' tensor maps: the input state and (if any) the output state, q, k and v.
+// False: the maps cannot describe them (the ring's consumers then take the tokens one by one).
 bool ring_maps(const RecurrentArgs& a, const Problem& prob, detail::RingMaps* maps) {
   *maps = detail::RingMaps{};
   return a.h_in && encode_state_map(&maps->in, a.h_in, prob, a.P, a.hin_s0, a.hin_s1, a.hin_s2) &&
          (!a.h_out ||
-          encode_state_map(&maps->out, a.h_out, prob, a.P, a.hout_s0, a.hout_s1, a.hout_s2));
+          encode_state_map(&maps->out, a.h_out, prob, a.P, a.hout_s0, a.hout_s1, a.hout_s2)) &&
+         encode_token_map(&maps->q, a.q, prob, prob.Hk, prob.Dk, a.q_sb, a.q_st, a.q_sh) &&
+         encode_token_map(&maps->k, a.k, prob, prob.Hk, prob.Dk, a.k_sb, a.k_st, a.k_sh) &&
+         encode_token_map(&maps->v, a.v, prob, prob.Hv, prob.Dv, a.v_sb, a.v_st, a.v_sh);
 }
 
 // The ring kernel (recurrent_ring.cuh): one persistent block per SM (at most one per item) on

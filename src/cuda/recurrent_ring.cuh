@@ -150,6 +150,17 @@ __device__ __forceinline__ void tensor_store(const CUtensorMap* map, int c0, int
       "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(src)), "l"(policy)
       : "memory");
 }
+// The 4-D box at coordinates (c0 innermost .. c3) of `map` global -> shared (`dst`, 128-byte
+// aligned), completing as transactions on `bar` (CM: an item's rows of q, k or v, RingMaps).
+__device__ __forceinline__ void tensor_load_4d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                               int c2, int c3, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(smem_addr(bar))
+      : "memory");
+}
 // The tensor map at `map` (kernel parameter space) brought into the descriptor cache ahead of its
 // first copy.
 __device__ __forceinline__ void tensor_map_prefetch(const CUtensorMap* map) {
@@ -168,11 +179,17 @@ __device__ __forceinline__ void tensor_prefetch_l2(const CUtensorMap* map, int c
 // and the output state as 5-D tensors (32 columns, Dv / 32 stripes of them, keys Dk, value heads
 // Hv, rows P; the state's strides) moved as one box per item (32 x 4 x 128: the item's 128 columns
 // and 128 keys, 64 KB, in the order of its rows) with the 128-byte swizzle
-// (RingLayoutT<true>::state_at). A kernel parameter (__grid_constant__): the maps stay in
-// parameter space.
+// (RingLayoutT<true>::state_at). And the token inputs' maps: q and k as [B][T][Hk][Dk], v as
+// [B][T][Hv][Dv] (their strides), moved as one box per item each (kRowBytes / 2 elements x 1 head x
+// T tokens x 1 sequence: the item's T rows at the slot's padded row pitch, RingLayoutT<true>::row;
+// the 8 elements past a row's 128 are the next columns or, past the tensor, zeros), so that a fill
+// is three copies where one per row was 3 T: the producer's fills at T = 8 took ~2 us each with 24
+// copies of 256 bytes (bench/NOTES-gpu.md v52). A kernel parameter (__grid_constant__): the maps
+// stay in parameter space.
 struct RingMaps {
   CUtensorMap in;
   CUtensorMap out;
+  CUtensorMap q, k, v;
 };
 
 // ---- the kernel ----
@@ -293,9 +310,10 @@ __device__ __forceinline__ RingLookup ring_lookup(const RecurrentArgs& a, unsign
 // state rows and of the T tokens' q, k, v rows, lane l < 3T copying row l, and per-key the raw g
 // rows, lane 3T + t row t; the header; the 3T arrivals on `full`). Not live (pool row skipped or
 // out of range): no copies, only the header.
-// CM: the state completes on its own barrier `state_full` (one arrival, by lane 0), after the token
-// copies have gone out, so that the coefficient warp can start on the tokens before the state is
-// in; it comes as one tensor copy (swizzled: RingLayoutT<true>::state_at).
+// CM: the token rows come as three tensor copies (lanes 0, 1, 2: q, k, v, each its T rows;
+// RingMaps) and the state completes on its own barrier `state_full` (one arrival, by lane 0), after
+// the token copies have gone out, so that the coefficient warp can start on the tokens before the
+// state is in; it comes as one tensor copy (swizzled: RingLayoutT<true>::state_at).
 template <int DT, bool PK, bool CM = false>
 __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingMaps& maps,
                                           const RingLookup& x, char* slot, std::uint64_t* full,
@@ -307,12 +325,24 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingMaps
   const bool live = state_row_live(a, it.row);
   const int T = static_cast<int>(a.T);
   const int g_es = dtype_bytes(a.g_dtype);
-  const unsigned tok = static_cast<unsigned>((3 * T * ES + (PK ? T * g_es : 0)) * L::kCB);
+  // CM: the three boxes' bytes, rows at the padded pitch.
+  const unsigned tok = CM ? static_cast<unsigned>(3 * T * L::kRowBytes)
+                          : static_cast<unsigned>((3 * T * ES + (PK ? T * g_es : 0)) * L::kCB);
   const unsigned state_bytes = CM ? 0u : static_cast<unsigned>(L::kState);
   if (lane == 0) mbar_expect_tx(full, live ? state_bytes + tok : 0u);
   __syncwarp();
   auto copy_tokens = [&] {
-    if (live && lane < 3 * T) {  // row l: q (l < T), k, v of token l % T
+    if constexpr (CM) {  // lane l < 3: the T rows of q, k or v as one box (RingMaps)
+      if (live && lane < 3) {
+        const int b = static_cast<int>(it.b);
+        if (lane == 0)
+          tensor_load_4d(slot + L::row(0, 0, T, ES), &maps.q, 0, it.hk, 0, b, full);
+        else if (lane == 1)
+          tensor_load_4d(slot + L::row(1, 0, T, ES), &maps.k, 0, it.hk, 0, b, full);
+        else
+          tensor_load_4d(slot + L::row(2, 0, T, ES), &maps.v, it.split * L::kCB, it.hv, 0, b, full);
+      }
+    } else if (live && lane < 3 * T) {  // row l: q (l < T), k, v of token l % T
       const int which = lane / T, t = lane - which * T;
       const TokenRows& r = which == 0 ? x.rows.q : (which == 1 ? x.rows.k : x.rows.v);
       bulk_copy(slot + L::row(which, t, T, ES), r.at(t), L::kCB * ES, full);
@@ -980,6 +1010,9 @@ __global__ void __launch_bounds__(ring_warps(CM) * 32, 1)
   if (CM && warp == kRingConsumers && lane == 0) {
     tensor_map_prefetch(&maps.in);
     if (a.h_out) tensor_map_prefetch(&maps.out);
+    tensor_map_prefetch(&maps.q);
+    tensor_map_prefetch(&maps.k);
+    tensor_map_prefetch(&maps.v);
   }
   if (tid == 0) {
     for (int s = 0; s < kRingSlots; ++s) {
