@@ -889,14 +889,13 @@ __device__ __forceinline__ unsigned ring_next_item(const RecurrentArgs& a, unsig
 // waits for a store to read its slot, so that no load latency lies between that wait and the fill:
 // on the H200 a lookup issued right before the fill held each fill ~1-3 us under the ring's own
 // DRAM traffic (per-block timelines, bench/NOTES-gpu.md v39). The first fill goes out before any
-// other lookup (CM: with the lookups of slots 1 and 2). CM: the state's own barrier (state_full,
-// ring_fill) beside each slot's `full`; and the items of the first kRingSlots slots are looked up
-// together at the start and filled one after the other, without an L2 request for the items of
-// slots 1 and 2 (their fills go out at once). Measured on the H200 (bench/NOTES-gpu.md v48; T = 8,
-// the ring forced, us, this | a lookup after each fill with the next item's L2 request, three
-// calls): B = 16 22.00-22.22 | 22.57-23.11, B = 32 40.93-41.63 | 41.86-42.29, B = 64 77.11-77.58
-// | 77.36-78.10, B = 128 145.71-146.18 | 146.73-146.85, B = 256 285.64 | 285.78. The token-by-token
-// consumers lost with it (T = 1, B = 32 37.23 | 36.62) and keep the lookup after each fill.
+// other lookup. CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`. The
+// chunk consumers' start once looked up the items of slots 1 and 2 with item 0's and filled the
+// three slots one after the other (v48), while each fill issued 24 row copies; with three token
+// boxes per fill (RingMaps) the lookup after each fill is faster again (bench/NOTES-gpu.md v52;
+// T = 8, us, this | together, alternating in one process: B = 16 21.50-21.62 | 21.72-21.82, B = 32
+// 39.30-39.39 | 39.54-39.57, B = 64 73.15-73.25 | 73.57-73.72; T = 6, B = 32 38.95-39.01 |
+// 39.12-39.17).
 template <int DT, bool PK, bool CM>
 __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingMaps& maps, char* sm,
                                              std::uint64_t* full, std::uint64_t* state_full,
@@ -907,14 +906,6 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
   unsigned parity = 0;  // bit s: the parity of done[s]'s next phase
   int s = 0;
   RingLookup cur = ring_lookup<PK>(a, blockIdx.x, lane), next{};
-  static_assert(kRingSlots == 3, "CM: the start's lookups of slots 1 and 2 below");
-  const unsigned item1 = ring_next_item(a, 1, items, lane);
-  const unsigned item2 = ring_next_item(a, 2, items, lane);
-  RingLookup first1{}, first2{};  // CM: the items of slots 1 and 2, looked up at the start
-  if constexpr (CM) {
-    if (item1 < items) first1 = ring_lookup<PK>(a, item1, lane);
-    if (item2 < items) first2 = ring_lookup<PK>(a, item2, lane);
-  }
   unsigned k = 0;  // the block's item in hand (cur)
   for (;; ++k) {
     char* slot = sm + s * L::kSlot;
@@ -931,13 +922,7 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
       ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
     } else {
       ring_fill<DT, PK, CM>(a, maps, cur, slot, &full[s], &state_full[s], load_policy, lane);
-      next_item = k == 0 ? item1 : (k == 1 ? item2 : ring_next_item(a, k + 1, items, lane));
-      if (CM && k + 1 < kRingSlots) {  // the next fill goes out now, with its looked-up item
-        if (next_item >= items) break;
-        cur = k == 0 ? first1 : first2;
-        s = s + 1;
-        continue;
-      }
+      next_item = ring_next_item(a, k + 1, items, lane);
       if (next_item < items) next = ring_lookup<PK>(a, next_item, lane);
     }
     if (next_item >= items) break;
