@@ -670,13 +670,26 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
+// A tensor map's byte strides (dims[1..n], element strides of es bytes, from the innermost up;
+// `extent`: the bytes that dims[0] spans): false where one is not positive, not a multiple of 16
+// or from 2^40 bytes. A dimension of one element takes the dense stride (its own is never used).
+bool map_byte_strides(const cuuint64_t* dims, const std::int64_t* element_strides, int n, int es,
+                      std::int64_t extent, cuuint64_t* strides) {
+  for (int i = 0; i < n; ++i) {
+    const std::int64_t bytes = dims[i + 1] == 1 ? (extent + 15) / 16 * 16 : element_strides[i] * es;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
+    strides[i] = static_cast<cuuint64_t>(bytes);
+    extent = bytes * static_cast<std::int64_t>(dims[i + 1]);
+  }
+  return true;
+}
+
 // One state's tensor map for the chunk consumers (detail::RingMaps): [rows][Hv][Dk][Dv] f32 with
 // strides (s0, s1, s2) elements, columns contiguous, as a 5-D tensor (32 columns, Dv / 32 stripes
 // of them 128 bytes apart, keys, value heads, rows) moved in boxes of 32 x 4 x 128 (one item: its
 // 128 columns and 128 keys, in the order of its rows) with the 128-byte swizzle. False where a map
 // cannot describe it: an address or a stride not a multiple of 16 bytes, a stride not positive or
-// from 2^40 bytes, more rows than a 32-bit coordinate. A dimension of one element takes the dense
-// stride (its own is never used).
+// from 2^40 bytes (map_byte_strides), more rows than a 32-bit coordinate.
 bool encode_state_map(CUtensorMap* map, const float* base, const Problem& prob, std::int64_t rows,
                       std::int64_t s0, std::int64_t s1, std::int64_t s2) {
   const auto encode = tensor_map_encoder();
@@ -688,13 +701,7 @@ bool encode_state_map(CUtensorMap* map, const float* base, const Problem& prob, 
                               static_cast<cuuint64_t>(rows)};
   const std::int64_t element_strides[4] = {stripe, s2, s1, s0};
   cuuint64_t strides[4];
-  std::int64_t extent = stripe * 4;  // bytes spanned by the dimensions inside
-  for (int i = 0; i < 4; ++i) {
-    const std::int64_t bytes = dims[i + 1] == 1 ? (extent + 15) / 16 * 16 : element_strides[i] * 4;
-    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
-    strides[i] = static_cast<cuuint64_t>(bytes);
-    extent = bytes * static_cast<std::int64_t>(dims[i + 1]);
-  }
+  if (!map_byte_strides(dims, element_strides, 4, 4, stripe * 4, strides)) return false;
   constexpr int cb = detail::RingLayoutT<true>::kCB, dk = detail::RingLayoutT<true>::kDK;
   const cuuint32_t box[5] = {stripe, cb / stripe, dk, 1, 1};
   const cuuint32_t steps[5] = {1, 1, 1, 1, 1};
@@ -720,13 +727,7 @@ bool encode_token_map(CUtensorMap* map, const void* base, const Problem& prob, s
                               static_cast<cuuint64_t>(prob.T), static_cast<cuuint64_t>(prob.B)};
   const std::int64_t element_strides[3] = {sh, st, sb};
   cuuint64_t strides[3];
-  std::int64_t extent = d * es;  // bytes spanned by the dimensions inside
-  for (int i = 0; i < 3; ++i) {
-    const std::int64_t bytes = dims[i + 1] == 1 ? (extent + 15) / 16 * 16 : element_strides[i] * es;
-    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
-    strides[i] = static_cast<cuuint64_t>(bytes);
-    extent = bytes * static_cast<std::int64_t>(dims[i + 1]);
-  }
+  if (!map_byte_strides(dims, element_strides, 3, es, d * es, strides)) return false;
   const cuuint32_t box[4] = {detail::RingLayoutT<true>::kRowBytes / es, 1,
                              static_cast<cuuint32_t>(prob.T), 1};
   const cuuint32_t steps[4] = {1, 1, 1, 1};
