@@ -164,25 +164,31 @@ const char* path_name(int path) {
 }
 
 void check_decode_path(const Case& c, std::int64_t P, bool indices, int path,
-                       std::int64_t state_pad);
+                       std::int64_t state_pad, std::int64_t token_pad);
 
 // One decode step on the GPU vs the reference, with each path; with indices, also checks bit
 // for bit that pool rows no sequence uses (and the skipped sequence's row) are untouched.
-// state_pad > 0: the pool's rows padded by that many elements (its last-but-one stride).
+// state_pad > 0: the pool's rows padded by that many elements (its last-but-one stride);
+// token_pad > 0: q's, k's and v's rows padded so.
 void check_decode(const Case& c, std::int64_t P = 0, bool indices = false,
-                  std::int64_t state_pad = 0) {
-  for (int path : kPaths) check_decode_path(c, P, indices, path, state_pad);
+                  std::int64_t state_pad = 0, std::int64_t token_pad = 0) {
+  for (int path : kPaths) check_decode_path(c, P, indices, path, state_pad, token_pad);
+}
+
+// `t` with the same values, its rows (last dim) padded by `pad` elements.
+void pad_rows(HostTensor& t, std::int64_t pad) {
+  HostTensor padded(t.dtype(), t.shape(), pad);
+  padded.from_double(t.to_double());
+  t = std::move(padded);
 }
 
 void check_decode_path(const Case& c, std::int64_t P, bool indices, int path,
-                       std::int64_t state_pad) {
+                       std::int64_t state_pad, std::int64_t token_pad) {
   PathScope scope(path);
   DecodeData d = make_decode_problem(c, P, indices);
-  if (state_pad > 0) {
-    HostTensor padded(d.state.dtype(), d.state.shape(), state_pad);
-    padded.from_double(d.state.to_double());
-    d.state = std::move(padded);
-  }
+  if (state_pad > 0) pad_rows(d.state, state_pad);
+  if (token_pad > 0)
+    for (HostTensor* t : {&d.base.q, &d.base.k, &d.base.v}) pad_rows(*t, token_pad);
   const std::string label =
       describe(d.base.c, d.base.seed) + (indices ? " pool" : "") + path_name(path);
   const std::vector<unsigned char> before(
@@ -507,11 +513,14 @@ TEST(CudaDecode, MisalignedPool) {
     }
 }
 
-// The ring kernel's chunk consumers move the state through tensor maps (decode.cu,
-// encode_state_map: a 5-D box per item, 128-byte swizzle): pools whose key rows are padded by 4
-// and 8 elements (row strides of 528 and 544 bytes), two items per head (Dv = 256: the stripe
-// coordinate), a pool with indices and a skipped row, 16-bit inputs at 6 and 8 tokens with a
-// mask. Paths 13 and 14 take the maps; the other paths run the same cases by their kernels.
+// The ring kernel's chunk consumers move the state and the token rows through tensor maps
+// (decode.cu, encode_state_map: a 5-D box per item, 128-byte swizzle; encode_token_map: a box of
+// an item's T rows of q, k or v): pools whose key rows are padded by 4 and 8 elements (row
+// strides of 528 and 544 bytes), token rows padded by 8 and 16 elements (strides of 272 and 288
+// bytes, the heads' and tokens' strides then not the dense ones), two items per head (Dv = 256:
+// the stripe and the v box's column coordinates), a pool with indices and a skipped row, 16-bit
+// inputs at 6 and 8 tokens with a mask. Paths 13 and 14 take the maps; the other paths run the
+// same cases by their kernels.
 TEST(CudaDecode, RingChunkTensorMaps) {
   REQUIRE_GPU();
   for (DType dtype : {DType::bf16, DType::f16})
@@ -521,7 +530,7 @@ TEST(CudaDecode, RingChunkTensorMaps) {
         c.dtype = dtype;
         c.Dv = pad == 0 ? 256 : 128;
         c.mask = T == 8;
-        check_decode(c, 9, true, pad);
+        check_decode(c, 9, true, pad, 2 * pad);
       }
 }
 
