@@ -941,7 +941,10 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
     cur = next;
     s = s + 1 == kRingSlots ? 0 : s + 1;
   }
-  if (lane == 0) release_item_counter(a);  // the block's last take is done
+  // The block's last take is done. Releasing the pair later (after the tail's stores, or from the
+  // coefficient warp), or with one word reset by the last failing take instead (no fence), ran
+  // 0.3-1.2 us slower at T = 8 B = 32 (bench/NOTES-gpu.md v52, v53).
+  if (lane == 0) release_item_counter(a);
   // The last items in flight (at most kRingSlots), in order.
   const unsigned mine = k + 1;  // the block's items
   const unsigned tail = mine < kRingSlots ? mine : kRingSlots;
