@@ -65,6 +65,7 @@ struct Options {
   bool first_ab = false;      // also time the chunk kernel's first state wait early and late
   bool schedule_ab = false;   // also time the chunk kernel's static and dynamic items
   bool pdl_ab = false;        // also time plain and programmatic dependent launches
+  bool host_costs = false;    // the override comparisons also time eager calls and their enqueue
   bool ring_math_ab = false;  // also time the ring kernel's consumers token by token and as a chunk
   bool ring_schedule_ab = false;  // also time the ring kernel's static and dynamic items
   // Calls per captured graph: at least this many, cycling over the NS sets (0: NS, one per set).
@@ -338,6 +339,29 @@ double time_eager(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
   return median(us);
 }
 
+// Median host wall time (us) to issue one decode call: 16 calls issued back to back, then one
+// wait outside the timed span, over opt.reps rounds. The device runs each call for longer than
+// the host takes to issue it at the shapes timed here, so this is the host's cost per eager call
+// (argument checks, dispatch, tensor-map encoding, the launch), not the kernel's.
+double time_enqueue(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
+                    const Options& opt) {
+  gdr::ExecConfig cfg;
+  cfg.stream = st;
+  constexpr int kCalls = 16;
+  std::vector<float> us;
+  for (int r = 0; r < opt.warmup + opt.reps; ++r) {
+    check(cudaStreamSynchronize(st), "enqueue");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i)
+      gdr::decode(decode_params(s, sets[static_cast<std::size_t>(i) % sets.size()]), cfg);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (r >= opt.warmup)
+      us.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count() / kCalls);
+  }
+  check(cudaStreamSynchronize(st), "enqueue");
+  return median(us);
+}
+
 // Median time per state-sized copy (us) over graph replays of NS copies, set i's state into
 // set i + 1's (the decode graph's bytes for the state, its launch count and its tails).
 double time_copy_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
@@ -414,6 +438,10 @@ int main(int argc, char** argv) {
   app.add_flag("--load-ab", opt.load_ab,
                "also time the one-token kernel's state loads evict-first and with the default "
                "cache policy");
+  app.add_flag(
+      "--host-costs", opt.host_costs,
+      "with --ring-math-ab: also eager calls (each waited for) and the host's enqueue time "
+      "per call (16 calls issued back to back, then one wait)");
   app.add_flag("--ring-math-ab", opt.ring_math_ab,
                "also time the ring kernel (forced) with its consumers token by token and as one "
                "chunk on the tensor cores");
@@ -544,11 +572,14 @@ int main(int argc, char** argv) {
             set(mode);
             const auto [eo, es] = check_as_timed(std::string());
             const double te = eager ? time_eager(s, sets, st, opt) : 0.0;
+            const double th = eager && opt.host_costs ? time_enqueue(s, sets, st, opt) : 0.0;
             const double t = time_with(set, mode);
             res[name] = t;
             if (eager) res[std::string(name) + "_eager_synced"] = te;
+            if (eager && opt.host_costs) res[std::string(name) + "_host_enqueue"] = th;
             std::printf("             %s %-7s %9.2f us", label, name, t);
             if (eager) std::printf(" (eager, each call waited for: %.2f us)", te);
+            if (eager && opt.host_costs) std::printf(" (host issue per call: %.2f us)", th);
             std::printf("%s\n", eo < tol && es < state_tol ? "" : " (FAILED the check)");
           }
           return res;
@@ -575,7 +606,7 @@ int main(int argc, char** argv) {
         if (opt.ring_math_ab) {  // the ring kernel wherever it applies, its consumers both ways
           gdr::cuda::set_recurrent_path_override(5);
           ring_math = override_ab(gdr::cuda::set_recurrent_ring_math_override, "ring consumers",
-                                  {{1, "tokens"}, {2, "chunk"}}, false);
+                                  {{1, "tokens"}, {2, "chunk"}}, opt.host_costs);
           gdr::cuda::set_recurrent_path_override(opt.path);
         }
         for (int mode : opt.prefetch_modes)
