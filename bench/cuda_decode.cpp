@@ -65,7 +65,7 @@ struct Options {
   bool first_ab = false;      // also time the chunk kernel's first state wait early and late
   bool schedule_ab = false;   // also time the chunk kernel's static and dynamic items
   bool pdl_ab = false;        // also time plain and programmatic dependent launches
-  bool host_costs = false;    // the override comparisons also time eager calls and their enqueue
+  bool host_costs = false;    // the override comparisons also time the host's issue per call
   bool ring_math_ab = false;  // also time the ring kernel's consumers token by token and as a chunk
   bool ring_schedule_ab = false;  // also time the ring kernel's static and dynamic items
   // Calls per captured graph: at least this many, cycling over the NS sets (0: NS, one per set).
@@ -322,43 +322,30 @@ double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
   });
 }
 
-// Median host wall time per decode call (us) when each call is waited for (eager calls, no
-// graph: the host's launch and setup costs included), over opt.reps calls cycling through the sets.
-double time_eager(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
-                  const Options& opt) {
+// Median host wall time per decode call (us) over opt.reps spans of `calls` calls cycling through
+// the sets (eager calls, no graph). wait_each: each call waited for inside its span (an eager
+// call's latency: the host's launch and setup costs included); else the span issues its calls back
+// to back and the wait follows outside it. The device runs each call for longer than the host
+// takes to issue it at the shapes timed here, so that is the host's cost per eager call (argument
+// checks, dispatch, tensor-map encoding, the launch), not the kernel's.
+double time_host(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
+                 const Options& opt, int calls, bool wait_each) {
   gdr::ExecConfig cfg;
   cfg.stream = st;
   std::vector<float> us;
-  for (int i = 0; i < opt.warmup + opt.reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    gdr::decode(decode_params(s, sets[static_cast<std::size_t>(i) % sets.size()]), cfg);
-    check(cudaStreamSynchronize(st), "eager");
-    const auto t1 = std::chrono::steady_clock::now();
-    if (i >= opt.warmup) us.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
-  }
-  return median(us);
-}
-
-// Median host wall time (us) to issue one decode call: 16 calls issued back to back, then one
-// wait outside the timed span, over opt.reps rounds. The device runs each call for longer than
-// the host takes to issue it at the shapes timed here, so this is the host's cost per eager call
-// (argument checks, dispatch, tensor-map encoding, the launch), not the kernel's.
-double time_enqueue(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
-                    const Options& opt) {
-  gdr::ExecConfig cfg;
-  cfg.stream = st;
-  constexpr int kCalls = 16;
-  std::vector<float> us;
+  std::size_t set = 0;
   for (int r = 0; r < opt.warmup + opt.reps; ++r) {
-    check(cudaStreamSynchronize(st), "enqueue");
+    check(cudaStreamSynchronize(st), "eager");
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i)
-      gdr::decode(decode_params(s, sets[static_cast<std::size_t>(i) % sets.size()]), cfg);
+    for (int i = 0; i < calls; ++i) {
+      gdr::decode(decode_params(s, sets[set++ % sets.size()]), cfg);
+      if (wait_each) check(cudaStreamSynchronize(st), "eager");
+    }
     const auto t1 = std::chrono::steady_clock::now();
     if (r >= opt.warmup)
-      us.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count() / kCalls);
+      us.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count() / calls);
   }
-  check(cudaStreamSynchronize(st), "enqueue");
+  check(cudaStreamSynchronize(st), "eager");
   return median(us);
 }
 
@@ -440,8 +427,8 @@ int main(int argc, char** argv) {
                "cache policy");
   app.add_flag(
       "--host-costs", opt.host_costs,
-      "with --ring-math-ab: also eager calls (each waited for) and the host's enqueue time "
-      "per call (16 calls issued back to back, then one wait)");
+      "also the host's issue time per call (16 calls issued back to back, then one wait) where "
+      "eager calls are timed (--schedule-ab), and with --ring-math-ab eager calls and that time");
   app.add_flag("--ring-math-ab", opt.ring_math_ab,
                "also time the ring kernel (forced) with its consumers token by token and as one "
                "chunk on the tensor cores");
@@ -571,15 +558,16 @@ int main(int argc, char** argv) {
           for (auto [mode, name] : modes) {
             set(mode);
             const auto [eo, es] = check_as_timed(std::string());
-            const double te = eager ? time_eager(s, sets, st, opt) : 0.0;
-            const double th = eager && opt.host_costs ? time_enqueue(s, sets, st, opt) : 0.0;
+            const bool host = eager && opt.host_costs;
+            const double te = eager ? time_host(s, sets, st, opt, 1, true) : 0.0;
+            const double th = host ? time_host(s, sets, st, opt, 16, false) : 0.0;
             const double t = time_with(set, mode);
             res[name] = t;
             if (eager) res[std::string(name) + "_eager_synced"] = te;
-            if (eager && opt.host_costs) res[std::string(name) + "_host_enqueue"] = th;
+            if (host) res[std::string(name) + "_host_enqueue"] = th;
             std::printf("             %s %-7s %9.2f us", label, name, t);
             if (eager) std::printf(" (eager, each call waited for: %.2f us)", te);
-            if (eager && opt.host_costs) std::printf(" (host issue per call: %.2f us)", th);
+            if (host) std::printf(" (host issue per call: %.2f us)", th);
             std::printf("%s\n", eo < tol && es < state_tol ? "" : " (FAILED the check)");
           }
           return res;
