@@ -186,9 +186,9 @@ void check_decode(const Case& c, std::int64_t P = 0, bool indices = false,
       static_cast<const unsigned char*>(problem.state.data()),
       static_cast<const unsigned char*>(problem.state.data()) + span_bytes(problem.state.view()));
   const ForwardResult ref = decode_reference(problem);
-  std::set<std::int64_t> used;  // the pool rows some sequence steps
-  for (std::int64_t b = 0; b < c.B; ++b) {
-    const auto r = indices ? static_cast<std::int64_t>(problem.state_indices.get(b)) : b;
+  std::set<std::int64_t> used;  // indices: the pool rows some sequence steps
+  for (std::int64_t b = 0; indices && b < c.B; ++b) {
+    const auto r = static_cast<std::int64_t>(problem.state_indices.get(b));
     if (r >= 0) used.insert(r);
   }
   for (int path : kPaths) {
@@ -210,12 +210,15 @@ void check_decode(const Case& c, std::int64_t P = 0, bool indices = false,
   }
 }
 
+// gdr::forward on CUDA tensors vs the reference, with each path, all on one fresh random problem
+// (its float64 reference computed once, as check_decode's).
 void check_forward(const Case& c) {
+  TestData problem = make_problem(c);
+  const ForwardResult ref = run_forward(problem, Path::reference);
   for (int path : kPaths) {
     PathScope scope(path);
-    TestData d = make_problem(c);
+    TestData d = problem;  // run_forward_cuda poisons o and the final state before the call
     const std::string label = describe(d.c, d.seed) + path_name(path);
-    const ForwardResult ref = run_forward(d, Path::reference);
     const ForwardResult got = run_forward_cuda(d);
     expect_forward_close(got, ref, forward_tolerance(d.c), label);
   }
