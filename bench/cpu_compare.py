@@ -6,8 +6,9 @@ gradients of q, k, v, g, beta), each in a fresh process, in turn (gdr, torch, hf
 `--rounds` times, medians over rounds):
   gdr    build/<...>/bench/cpu_paths --mode single --a chunkwise (C++, no Python bindings; the
          training step of the torch layer's default: the forward saves the chunk-boundary
-         states, SPEC Section 3; --gdr-path chunkwise:intermediates or :recompute for the others)
-  torch  bench/peers/torch_chunked.py   PyTorch autograd through the chunked form (SPEC 3)
+         states, docs/operator.md §3; --gdr-path chunkwise:intermediates or :recompute for
+         the others)
+  torch  bench/peers/torch_chunked.py   PyTorch autograd through the chunked form (operator.md §3)
   hf     bench/peers/hf_chunked.py      PyTorch autograd through transformers' Qwen3-Next CPU
                                         fallback, torch_chunk_gated_delta_rule (if installed)
   mlx    bench/peers/mlx_gated_delta.py mlx-lm's gated_delta_ops under mlx autodiff (if installed)

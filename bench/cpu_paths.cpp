@@ -9,11 +9,11 @@
 // The two paths' outputs are compared (relative Frobenius error of o and dq, dk, dv, dg).
 //
 // Paths: sequential, chunkwise, reference, automatic. With --direction fwdbwd, chunkwise and
-// automatic run a training step as the torch layer does by default (SPEC Section 3): the forward
-// fills the saved-for-backward tensor with the chunk-boundary states (ForwardParams::saved,
+// automatic run a training step as the torch layer does by default (docs/operator.md §3): the
+// forward fills the saved-for-backward tensor with the chunk-boundary states (ForwardParams::saved,
 // allocated inside the timed call as a training step would) and the backward reads them and
 // recomputes each chunk's Tinv and Vnew; the suffix `:intermediates` saves those too (the
-// torch layer's save_chunk_intermediates=True, beyond SPEC Section 3), `:recompute` leaves the
+// torch layer's save_chunk_intermediates=True, beyond docs/operator.md §3), `:recompute` leaves the
 // saved tensor out (the backward then runs its own pass over the chunks).
 //
 // --mode single: one path only, `pairs` timed runs after a warm-up, and its peak memory (peak
@@ -124,7 +124,7 @@ PathSpec parse_path(const std::string& s) {
                              "chunkwise or automatic with :intermediates or :recompute");
 }
 
-// fp32 inputs, outputs and gradient seed of one problem (SPEC Section 7 inputs, mild decay).
+// fp32 inputs, outputs and gradient seed of one problem (docs/operator.md §7 inputs, mild decay).
 struct Problem {
   std::vector<float> q, k, v, g, beta, dout, o, dq, dk, dv, dg, dbeta;
   gdr::ForwardParams fp;

@@ -2,9 +2,10 @@
 //
 // On the seed layer (Hk = 16, Hv = 32, Dk = Dv = 128, one layer, forward + backward, fp32 by
 // default) and for each T, runs
-//   sequential - the fp32 per-token loop of SPEC Section 2; backward by reverse mode with states
+//   sequential - the fp32 per-token loop of docs/operator.md §2; backward by reverse mode with
+//   states
 //                saved every C tokens (O(T / C) memory), the careful baseline
-//   chunkwise  - the chunkwise-parallel form of SPEC Sections 3-4 (matrix products); a training
+//   chunkwise  - the chunkwise-parallel form of docs/operator.md §3-4 (matrix products); a training
 //                step as the torch layer runs it: the forward saves the chunk-boundary states
 //                (ForwardParams::saved, allocated in each timed step) and the backward
 //                recomputes each chunk's matrices from them
@@ -193,7 +194,7 @@ int run_worker(const WorkerOptions& w) {
   double best_f = 1e300, best_b = 1e300;
   for (int r = 0; r < std::max(1, w.repeats); ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    // The chunk-boundary states of this step (SPEC Section 3), fresh memory as in training.
+    // The chunk-boundary states of this step (docs/operator.md §3), fresh memory as in training.
     std::unique_ptr<std::byte[]> saved;
     if (save_states) {
       const gdr::SavedShape shape = gdr::saved_shape(gdr::validate_forward(fp));
@@ -299,7 +300,8 @@ int run_demo(const DemoOptions& d) {
   std::fprintf(
       stdout,
       "  sequential: fp32 per-token loop, backward from states saved every 64 tokens\n"
-      "  chunkwise:  chunkwise-parallel form (SPEC 3-4), chunk 64, matrix products; the\n"
+      "  chunkwise:  chunkwise-parallel form (docs/operator.md §3-4), chunk 64, matrix products; "
+      "the\n"
       "              forward saves the chunk-boundary states for the backward\n"
       "  each (path, T) runs in a fresh process; time: the fastest of %d forward + backward;\n"
       "  GB: peak RSS minus the RSS once inputs and outputs are allocated (extra memory)\n\n",

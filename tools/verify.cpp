@@ -1,4 +1,4 @@
-// `gdr verify`: every path of this build against the float64 reference (SPEC Section 7) on
+// `gdr verify`: every path of this build against the float64 reference (docs/operator.md §7) on
 // fresh random cases covering both gates, mask, varlen (with zero-length sequences), GQA, both
 // state layouts, the fused options and the input dtypes: forward and backward of the CPU
 // per-token loop and chunkwise form, the chunkwise training step as the torch layer runs it
@@ -359,7 +359,7 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
       emit(b);
     }
     // The CPU training step of the torch layer: the forward saves the chunk-boundary states
-    // (SPEC Section 3), the backward reads them and recomputes the chunks' matrices.
+    // (docs/operator.md §3), the backward reads them and recomputes the chunks' matrices.
     // One forward fills the states (NaN first), the backward row reads them.
     {
       std::optional<test::HostTensor> saved;

@@ -1,4 +1,4 @@
-"""Peer: PyTorch autograd through a chunked implementation of SPEC Section 3 (scalar gate).
+"""Peer: PyTorch autograd through a chunked implementation of docs/operator.md §3 (scalar gate).
 
 What a user without gdr would write on a CPU: the chunkwise form with PyTorch ops, chunk C = 64,
 the unit lower-triangular inverse by torch.linalg.solve_triangular, a Python loop over chunks
@@ -16,7 +16,7 @@ from common import emit, measure, parser, rss_bytes
 
 
 def chunk_gated_delta(q, k, v, g, beta, scale, C=64):
-    """o [B, T, Hv, Dv] and the final state [B, Hv, Dk, Dv] (k-first), SPEC Section 3."""
+    """o [B, T, Hv, Dv] and the final state [B, Hv, Dk, Dv] (k-first), docs/operator.md §3."""
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
     if Hv // Hk > 1:
@@ -56,7 +56,7 @@ def chunk_gated_delta(q, k, v, g, beta, scale, C=64):
 
 
 def sequential_reference(q, k, v, g, beta, scale):
-    """SPEC Section 2, per token (the check)."""
+    """docs/operator.md §2, per token (the check)."""
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
     q = q.repeat_interleave(Hv // Hk, dim=2)

@@ -8,11 +8,11 @@
 
 namespace gdr {
 
-// o and final_state from the inputs (SPEC Sections 2-3); with params.saved (CPU chunkwise path)
+// o and final_state from the inputs (docs/operator.md §2-3); with params.saved (CPU chunkwise path)
 // also the saved-for-backward tensor of a training step (params.h; sized by saved_shape).
 void forward(const ForwardParams& params, const ExecConfig& config = {});
 
-// Gradients of every input (SPEC Section 4). Without params.saved it recomputes the
+// Gradients of every input (docs/operator.md §4). Without params.saved it recomputes the
 // chunk-boundary states internally (extra memory O(T / chunk) states per sequence and head,
 // never one state per token); with the forward's params.saved it reads them from there (and
 // the chunks' Tinv and Vnew too when the forward saved the chunk intermediates).

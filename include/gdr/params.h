@@ -40,8 +40,8 @@ struct Inputs {
 
 // Saved for backward (optional, CPU chunkwise path only): what the chunkwise forward computes
 // per chunk and value head and the backward would otherwise recompute in a pass over the
-// chunks (SPEC Section 3): the state entering the chunk (SavedContent::chunk_states, SPEC
-// Section 3's training forward) or that state and the chunk's Tinv and Vnew
+// chunks (docs/operator.md §3): the state entering the chunk (SavedContent::chunk_states,
+// docs/operator.md §3's training forward) or that state and the chunk's Tinv and Vnew
 // (SavedContent::chunk_intermediates).
 //   saved  [chunk_rows, Hv, record]  f32 (f64 for f64 inputs); saved_shape() (problem.h) gives
 //          the shape and bytes for a call. Row c0(n) + c holds chunk c of sequence n, c0(n) =

@@ -36,7 +36,7 @@ struct SequenceSpan {
 };
 
 // What the saved-for-backward tensor (ForwardParams::saved, params.h) holds per chunk and value
-// head: the state entering the chunk alone (SPEC Section 3's training forward; the backward
+// head: the state entering the chunk alone (docs/operator.md §3's training forward; the backward
 // recomputes the chunk's Tinv and Vnew from it), or that state and those two matrices
 // (the backward recomputes nothing).
 enum class SavedContent { chunk_states, chunk_intermediates };
@@ -70,7 +70,7 @@ SavedShape saved_shape(const Problem& prob, int chunk_size = 64,
 // `op`.
 void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size, const char* op);
 
-// Validate every argument (SPEC Section 6) before any memory is touched; throws
+// Validate every argument (docs/operator.md §6) before any memory is touched; throws
 // InvalidArgument whose message starts with `op`. The values of cu_seqlens (start 0,
 // non-decreasing, end T) are checked here when it lives in host memory; for a CUDA tensor the
 // CUDA dispatch copies it to the host first and calls check_cu_seqlens_values.

@@ -20,9 +20,9 @@ enum class StateLayout : std::uint8_t { k_first, v_first };
 
 // Which algorithm computes a call. `automatic` lets the dispatcher pick the fastest path that
 // covers the call; the others force one path (tests and benchmarks).
-//   reference  - float64 sequential recurrence on the CPU (SPEC Section 2), the oracle
+//   reference  - float64 sequential recurrence on the CPU (docs/operator.md §2), the oracle
 //   sequential - per-token loop in the working precision (CPU fp32 loop, CUDA recurrent kernel)
-//   chunkwise  - chunkwise-parallel form (SPEC Sections 3-4)
+//   chunkwise  - chunkwise-parallel form (docs/operator.md §3-4)
 enum class Path : std::uint8_t { automatic, reference, sequential, chunkwise };
 
 std::string_view to_string(DType);

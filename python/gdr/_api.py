@@ -19,7 +19,7 @@ What gdr adds, as keyword arguments:
     use_beta_sigmoid_in_kernel   beta holds the raw `b`; beta = sigmoid(b)
     path, chunk_size   'auto' | 'reference' | 'sequential' | 'chunkwise'; 16 | 32 | 64
     save_chunk_intermediates   (chunk_gated_delta_rule, CPU training) the forward keeps each
-                       chunk's Tinv and Vnew as well as its incoming state (what SPEC Section 3
+                       chunk's Tinv and Vnew as well as its incoming state (what docs/operator.md §3
                        keeps, and the default of a CPU training call) for the backward, which
                        then skips recomputing them: ~1.07x faster fwd + bwd, 1.75 KB per token
                        and value head at Dk = Dv = 128 instead of 1 KB; off by default
@@ -126,7 +126,7 @@ def _run_forward(op, q, k, v, g, beta, scale, initial_state, output_final_state,
     q, k, v, g, beta, initial_state = (_last_contiguous(t)
                                        for t in (q, k, v, g, beta, initial_state))
     # Training on the CPU: the forward also fills the chunkwise path's saved-for-backward tensor
-    # (the chunk-boundary states of SPEC Section 3, or with them the chunk intermediates), which
+    # (the chunk-boundary states of operator.md §3, or with them the chunk intermediates), which
     # autograd hands to the backward (_ops.py).
     save = "none"
     if _ops.wants_saved(path, (q, k, v, g, beta, A_log, dt_bias, initial_state)):

@@ -4,12 +4,12 @@ Each allocates its outputs, hands DLPack views to the core (gdr._C) and returns.
 validates every shape, dtype, device and layout before touching memory; its messages reach Python
 unchanged (ValueError for bad arguments, RuntimeError for failures while running).
 
-Autograd: forward's gradient is the backward operator (SPEC Section 4), registered with
+Autograd: forward's gradient is the backward operator (docs/operator.md §4), registered with
 register_autograd. Fake (meta) implementations make the operators traceable by torch.compile.
 On a CPU training call (see wants_saved) forward also returns the saved-for-backward tensor of the
 chunkwise path (include/gdr/params.h, ForwardParams::saved), and autograd keeps it and hands it
 to backward: save_for_backward="chunk_states" (chunk_gated_delta_rule's default) keeps the state
-entering each chunk, as SPEC Section 3's training forward does (1 KB per token and value head at
+entering each chunk, as operator.md §3's training forward does (1 KB per token and value head at
 Dk = Dv = 128, chunk 64), and the backward recomputes each chunk's Tinv and Vnew from it;
 "chunk_intermediates" (save_chunk_intermediates=True) keeps those too (1.75 KB) and the backward
 recomputes nothing; "none" keeps nothing and the backward runs its own pass over the chunks.

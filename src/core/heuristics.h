@@ -8,8 +8,8 @@
 
 namespace gdr::heuristics {
 
-// Chunk sizes the chunkwise path is built for. 64 by default: the SPEC's C, and large enough
-// that the chunk products run near the matrix-product rate.
+// Chunk sizes the chunkwise path is built for. 64 by default: docs/operator.md's C, and large
+// enough that the chunk products run near the matrix-product rate.
 inline constexpr int kDefaultChunk = 64;
 inline constexpr bool is_supported_chunk(int c) {
   return c == 16 || c == 32 || c == 64;

@@ -1,4 +1,4 @@
-// Validation of every entry point (SPEC Section 6): rank and shape of every tensor, matching
+// Validation of every entry point (docs/operator.md §6): rank and shape of every tensor, matching
 // B/T/heads/dims, Hv % Hk, dtypes, one device, last-dim contiguity, cu_seqlens, h0 rows == N,
 // mask shape, the fused options. Nothing here reads tensor memory except cu_seqlens and
 // state_indices when they live on the host.

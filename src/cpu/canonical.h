@@ -5,7 +5,7 @@
 // contiguous buffers in its working precision Real (double or float). These functions move
 // data between the user's strided tensors (any dtype) and those buffers, and apply the fused
 // element-wise options on the way in (and their chain rule on the way out), so the paths
-// themselves only see the plain recurrence of SPEC Section 2:
+// themselves only see the plain recurrence of docs/operator.md §2:
 //
 //   q_hat, k_hat [L, Dk]  (L2-normalised when opts.qk_l2norm; per key head)
 //   v            [L, Dv]  (per value head)

@@ -1,4 +1,4 @@
-// Chunkwise backward (SPEC Section 4). Per work item (sequence, key head, value heads):
+// Chunkwise backward (docs/operator.md §4). Per work item (sequence, key head, value heads):
 //   1. state pass: the forward recurrence over the chunks, keeping the state entering every
 //      chunk ([R, ceil(L / C), Dk, Dv] fp32) and the chunk's Tinv and Vnew = Tinv (beta .* V -
 //      Kb S) ([R, ceil(L / C), C^2 + C Dv]): the only O(T) memory, 1.75 states per chunk at
@@ -15,14 +15,15 @@
 //        dQ += e .* X1,     dK += beta e .* dKb + d .* Y
 //        dG += e .* (X1 .* Q + beta .* dKb .* K),  dG_n += gn .* rowsum(S .* dS)
 //        dg = reverse cumsum of dG within the chunk, plus terms added to dg_t directly:
-//          sum_{r < t} d_r .* Y_r .* K_r  (SPEC's -d_r x_r at r and +sum_r d_r x_r at n, after
-//          the cumsum) and the pairwise terms of P (upstream dP) and KKg (upstream diag(beta) dA)
-//          as sum_{r >= t} sum_{j < t} t[r, j] (chunkwise_common.h): no O(1) terms that cancel
-//          only in exact arithmetic, so dg keeps its relative accuracy under extreme decay
+//          sum_{r < t} d_r .* Y_r .* K_r  (docs/operator.md §4's -d_r x_r at r and +sum_r d_r x_r
+//          at n, after the cumsum) and the pairwise terms of P (upstream dP) and KKg (upstream
+//          diag(beta) dA) as sum_{r >= t} sum_{j < t} t[r, j] (chunkwise_common.h): no O(1) terms
+//          that cancel only in exact arithmetic, so dg keeps its relative accuracy under extreme
+//          decay
 //      (row dots over Dk for scalar gates, elementwise products for per-key gates).
 //   With BackwardParams::saved (filled by the chunkwise forward) step 1 is skipped and no
 //   per-item buffers are allocated: every chunk's entering state S is read from there, and its
-//   Tinv and Vnew too (chunk intermediates) or, with chunk states alone (SPEC Section 3's
+//   Tinv and Vnew too (chunk intermediates) or, with chunk states alone (docs/operator.md §3's
 //   training forward), recomputed in the reverse pass from S: solve_chunk and Vnew = Tinv
 //   (beta .* V - Kb S) (no state recurrence: the chunks are independent given their states).
 //   dh0 is the dS that leaves the first chunk. dQ, dK are summed over the value heads sharing

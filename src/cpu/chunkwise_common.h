@@ -1,4 +1,4 @@
-// Chunkwise form of the gated delta rule (SPEC Section 3): the per-chunk algebra shared by the
+// Chunkwise form of the gated delta rule (docs/operator.md §3): the per-chunk algebra shared by the
 // forward (chunkwise_forward.cpp) and the backward (chunkwise_backward.cpp).
 //
 // One work item is (sequence n, key head hk, value heads [hv0, hv1) of hk's group): the key-side
@@ -198,7 +198,7 @@ void vnew_from_state(Workspace<Real>& w, int n, const MapMat<Real>& S);
 // ratios it reuses): given upstream w.dP (for P) and w.dA already scaled by
 // beta (for KKg), writes w.dxq (to dQ), w.dxk + w.dyk (to dK) and adds the gate terms to
 // w.dgd, straight into dg (no reverse cumsum). With t[r, j] = dM[r, j] Gam[r, j] X_r . Y_j
-// (per channel i for per-key gates), SPEC Section 4's dG_r += sum_j t[r, j], dG_j -= sum_r
+// (per channel i for per-key gates), docs/operator.md §4's dG_r += sum_j t[r, j], dG_j -= sum_r
 // t[r, j] followed by the reverse cumsum is, exactly,
 //   dg_t += sum_{r >= t} sum_{j < t} t[r, j]
 // (the diagonal r = j and the pairs with j >= t cancel). Formed this way there is nothing to

@@ -1,4 +1,4 @@
-// Chunkwise forward (SPEC Section 3), per chunk of n tokens and value head, state S [Dk, Dv]:
+// Chunkwise forward (docs/operator.md §3), per chunk of n tokens and value head, state S [Dk, Dv]:
 //   [e .* Q ; Kb] S  (one [2n, Dk] x [Dk, Dv] product),  Vnew = Tinv (beta .* V - Kb S),
 //   O = scale (e .* Q S + P Vnew),  S <- gn .* S + (d .* K)^T Vnew.
 // Only the running state is kept (one per value head of the item). When ForwardParams::saved is

@@ -1,4 +1,4 @@
-// The CPU decode step: T (1..16) tokens for each of B sequences, the recurrence of SPEC
+// The CPU decode step: T (1..16) tokens for each of B sequences, the recurrence of docs/operator.md
 // Section 2 with the state updated in place in a pool.
 //
 //   state [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] (v-first), f32 or bf16 (computed in

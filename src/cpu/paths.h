@@ -6,7 +6,7 @@
 
 namespace gdr::cpu {
 
-// float64 sequential recurrence (SPEC Section 2): the oracle every other path answers to.
+// float64 sequential recurrence (docs/operator.md §2): the oracle every other path answers to.
 void reference_forward(const Problem& prob, const ForwardParams& p);
 void reference_backward(const Problem& prob, const BackwardParams& p);
 
@@ -15,7 +15,7 @@ void reference_backward(const Problem& prob, const BackwardParams& p);
 void sequential_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config);
 void sequential_backward(const Problem& prob, const BackwardParams& p, const ExecConfig& config);
 
-// Chunkwise-parallel form (SPEC Sections 3-4), fp32 (double for f64 inputs).
+// Chunkwise-parallel form (docs/operator.md §3-4), fp32 (double for f64 inputs).
 void chunkwise_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config);
 void chunkwise_backward(const Problem& prob, const BackwardParams& p, const ExecConfig& config);
 

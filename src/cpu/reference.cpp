@@ -1,4 +1,4 @@
-// The float64 sequential reference (SPEC Section 2): the oracle every path answers to.
+// The float64 sequential reference (docs/operator.md §2): the oracle every path answers to.
 //
 // Per sequence and value head hv (key head hk = hv / (Hv / Hk)), S [Dk, Dv] k-first:
 //   S'  = a_t S_{t-1},  a_t = exp(g_t) (scalar) or diag(exp(g_t)) (per-key, row i by exp(g_t[i]))

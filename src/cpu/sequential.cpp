@@ -1,4 +1,4 @@
-// The CPU sequential path: the per-token loop of SPEC Section 2 in fp32 (double for f64
+// The CPU sequential path: the per-token loop of docs/operator.md §2 in fp32 (double for f64
 // inputs), forward and backward. The math of one (sequence, value head) is in
 // sequential_kernel.h; this file moves the data through the canonical helpers and spreads the
 // work over OpenMP threads.

@@ -1,4 +1,4 @@
-// Per-head kernels of the per-token loop (SPEC Section 2) in the working precision Real (float
+// Per-head kernels of the per-token loop (docs/operator.md §2) in the working precision Real (float
 // for f32/f16/bf16 inputs, double for f64), on the canonical buffers of src/cpu/canonical.h.
 // Shared by the sequential path (src/cpu/sequential.cpp) and the CPU decode step (decode.cpp).
 //

@@ -5,7 +5,7 @@
 // more tokens on a k-first fp32 state with Dk = 128 and a scalar gate on a large grid, which
 // recurrent_chunk.cuh's kernel takes (tuning.h).
 //
-// Math (SPEC Section 2), per sequence and value head, S in R^{Dk x Dv}, column j of S being
+// Math (docs/operator.md §2), per sequence and value head, S in R^{Dk x Dv}, column j of S being
 // the "value row" j (S^T row j):
 //   S'    = a_t * S                (scalar gate, a_t = exp(g_t))
 //   S'    = diag(a_t) S            (per-key gate, a_t[i] = exp(g_t[i]))

@@ -6,7 +6,7 @@
 // any T, varlen, pools); the rules take it from 8 tokens per sequence and 4 heads per SM
 // (recurrent_chunk_preferred), recurrent.cuh's kernels elsewhere.
 //
-// Math (SPEC Section 2) of one chunk of C <= 8 tokens, per sequence and value head, S0 the
+// Math (docs/operator.md §2) of one chunk of C <= 8 tokens, per sequence and value head, S0 the
 // state entering the chunk (Dk x Dv), a_t the decay (1 for a masked or padding token), beta_t
 // (0 for a masked or padding token), k^_t = rk_t k_t and q~_t = fq_t q_t the normed and scaled
 // keys and queries (rk = 1 / ||k||, fq = scale / ||q|| with the in-kernel L2 norm, else 1 and

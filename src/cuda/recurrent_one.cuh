@@ -1,5 +1,5 @@
 // The one-token decode kernel (T = 1, k-first state, 16-byte input rows): the serving step of
-// SPEC Section 2 without the shared-memory staging of recurrent.cuh.
+// docs/operator.md §2 without the shared-memory staging of recurrent.cuh.
 //
 // Same register tile and math as recurrent_kernel's k-first step (recurrent.cuh: a warp owns CW
 // value columns x all Dk rows, a lane holds M consecutive rows r0 .. r0 + M - 1 of 4 columns):

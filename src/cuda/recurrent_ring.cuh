@@ -24,7 +24,7 @@
 // loads and stores are free of bank conflicts (v46: ~94 %), and the rules take them at T = 6 to 8
 // from 2.5 items per SM.
 //
-// Math (SPEC Section 2) of one token, per sequence and value head, S the item's [128 keys][128
+// Math (docs/operator.md §2) of one token, per sequence and value head, S the item's [128 keys][128
 // columns] slice, a = exp(g), k^ = rk k and q~ = fq q (rk = 1 / sqrt(||k||^2 + eps), fq = scale /
 // sqrt(||q||^2 + eps) with the in-kernel L2 norm, else 1 and scale):
 //   u_j    = beta (v_j - a rk (k . S[:, j]))

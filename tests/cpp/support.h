@@ -13,7 +13,7 @@
 //   BackwardResult ggot = run_backward(d, gdr::Path::chunkwise);
 //   expect_backward_close(ggot, gref, backward_tolerance(c), label);
 //
-// Random inputs follow SPEC Section 7: keys L2-normalised (raw when qk_l2norm), beta in (0, 1)
+// Random inputs follow docs/operator.md §7: keys L2-normalised (raw when qk_l2norm), beta in (0, 1)
 // (raw b ~ N(0, 2^2) under beta_sigmoid), g mild -0.2 U(0,1) / strong -4 U(0,1) / extreme (-30
 // at ~30% of positions, strong elsewhere). Case::seed == 0 draws a fresh seed every run; the
 // seed used is in TestData::seed and in describe(). Every result comes back as std::vector<double>
@@ -152,7 +152,7 @@ double loss(const TestData& d, const ForwardResult& r);
 // sizes give +inf). ||ref|| == 0: returns ||a|| (absolute). Both empty: 0.
 double rel_error(const std::vector<double>& a, const std::vector<double>& ref);
 
-// SPEC Section 7 bounds for the precision of the case (fp32/f64 vs f16/bf16).
+// docs/operator.md §7 bounds for the precision of the case (fp32/f64 vs f16/bf16).
 double forward_tolerance(const Case& c);
 // The bound for a decode pool after the step: forward_tolerance, plus 5e-4 for a bfloat16 pool
 // (c.bf16_state), which is compared with the reference's state rounded to bf16: the elements
@@ -172,7 +172,7 @@ void expect_backward_close(const BackwardResult& got, const BackwardResult& ref,
                            const std::string& label);
 
 // `path`'s forward and then backward on d (outputs poisoned first; `saved` as for run_forward /
-// run_backward) against `ref` / `gref`, within the SPEC Section 7 bounds of d's dtype.
+// run_backward) against `ref` / `gref`, within the docs/operator.md §7 bounds of d's dtype.
 void expect_path_close(TestData& d, Path path, const ExecConfig& config, const ForwardResult& ref,
                        const BackwardResult& gref, const std::string& label,
                        const TensorView& saved = {});

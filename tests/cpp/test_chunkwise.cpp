@@ -1,11 +1,11 @@
-// The CPU chunkwise path (SPEC Sections 3-4) against the float64 reference, SPEC Section 7
+// The CPU chunkwise path (docs/operator.md §3-4) against the float64 reference, docs/operator.md §7
 // bounds: o / final state < 1e-5, gradients < 1e-4 (fp32 and f64 inputs); 5e-3 / 1e-2 for
 // bf16 / f16 inputs (the reference reads the same rounded inputs). Fresh random inputs every
 // run (the seed is in each failure message); outputs poisoned with NaN before each call; o,
 // the final state and every gradient (dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias) checked.
 // Every case runs three times: the backward recomputing the chunk states itself, and the
 // training step of the torch layer, a forward that fills the saved-for-backward tensor (poisoned
-// with NaN first) and a backward that reads it, with the chunk states alone (SPEC Section 3,
+// with NaN first) and a backward that reads it, with the chunk states alone (docs/operator.md §3,
 // the backward recomputes Tinv and Vnew from them) and with the chunk intermediates.
 #include <gtest/gtest.h>
 
@@ -352,7 +352,8 @@ TEST(Chunkwise, DeterministicAndThreadCountOnlyChangesRounding) {
 // Extreme decay everywhere (g = -30 at every position, and g = -30 U(0,1)): the true dg is
 // ~1e-13 per element, so any O(1) terms that cancel only in exact arithmetic (the diagonal of
 // the pairwise gate terms, the d_r terms added at r and again at the chunk end) would dominate
-// it after the reverse cumsum. Every gradient against the float64 oracle at the SPEC bound.
+// it after the reverse cumsum. Every gradient against the float64 oracle at the docs/operator.md §7
+// bound.
 TEST(Chunkwise, ExtremeDecayEverywhereGateGradient) {
   for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
     for (bool uniform : {false, true}) {

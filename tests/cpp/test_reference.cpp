@@ -1,5 +1,5 @@
 // The float64 reference (Path::reference) against central finite differences of itself and
-// against the properties of the recurrence (SPEC Sections 1-2, 4, 6).
+// against the properties of the recurrence (docs/operator.md §1-2, 4, 6).
 #include <gtest/gtest.h>
 
 #include <cmath>

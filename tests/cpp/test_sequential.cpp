@@ -1,5 +1,5 @@
 // The CPU fp32 sequential path (per-token loop, O(T / C) memory backward) against the float64
-// reference, SPEC Section 7 bounds: o / final state < 1e-5, gradients < 1e-4 (fp32 and f64
+// reference, docs/operator.md §7 bounds: o / final state < 1e-5, gradients < 1e-4 (fp32 and f64
 // inputs); 5e-3 / 1e-2 for bf16 inputs. Fresh random inputs every run (the seed is in each
 // failure message); outputs poisoned with NaN before each call.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Every validation rule (SPEC Section 6): feed the bad input, check the message names the
+// Every validation rule (docs/operator.md §6): feed the bad input, check the message names the
 // operation, the tensor, the value and what is allowed.
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // GPU tests of the CUDA recurrent kernel (src/cuda/recurrent.cuh) through the public API:
 // gdr::decode (state pool in place) and gdr::forward on CUDA tensors (recurrent path), each
-// against the float64 CPU reference on the same (rounded) inputs, SPEC Section 7 bounds:
+// against the float64 CPU reference on the same (rounded) inputs, docs/operator.md §7 bounds:
 // fp32 inputs < 1e-5, bf16/fp16 inputs < 5e-3, for o and the state. Outputs are poisoned
 // (NaN) before every call; fresh random inputs every run (the seed is in each message). Every
 // case runs through every kernel: the staged one (recurrent.cuh) with its usual tile and, on a

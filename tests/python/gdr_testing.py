@@ -1,5 +1,5 @@
-"""Test helpers: SPEC Section 7 inputs, the relative Frobenius error, and a plain PyTorch float64
-recurrence (SPEC Section 2) that autograd differentiates; independent of gdr's own code."""
+"""Test helpers: operator.md §7 inputs, the relative Frobenius error, and a plain PyTorch float64
+recurrence (docs/operator.md §2) that autograd differentiates; independent of gdr's own code."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-# SPEC Section 7 tolerances (fp32 paths): o and final state, gradients.
+# docs/operator.md §7 tolerances (fp32 paths): o and final state, gradients.
 TOL_FWD = 1e-5
 TOL_GRAD = 1e-4
 
@@ -32,7 +32,7 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 def make_inputs(B=2, T=33, Hk=2, Hv=None, Dk=16, Dv=16, gate="scalar", decay="mild",
                 dtype=torch.float32, h0=False, N=None, device="cpu", generator=None,
                 normalize_k=True, state_layout="k_first"):
-    """q, k, v, g, beta (and h0) as SPEC Section 7 draws them (fresh random each call)."""
+    """q, k, v, g, beta (and h0) as docs/operator.md §7 draws them (fresh random each call)."""
     Hv = Hv or Hk
     gen = generator
     kw = dict(dtype=torch.float64, device="cpu", generator=gen)
@@ -66,7 +66,7 @@ def torch_reference(q, k, v, g, beta, scale: Optional[float] = None, initial_sta
                     use_qk_l2norm: bool = False, A_log=None, dt_bias=None,
                     beta_sigmoid: bool = False, state_layout: str = "k_first",
                     l2norm_eps: float = 1e-6):
-    """The SPEC Section 2 recurrence in float64, token by token; differentiable by autograd.
+    """The docs/operator.md §2 recurrence in float64, token by token; differentiable by autograd.
 
     Returns (o [B,T,Hv,Dv] float64, final_state [N,Hv,Dk,Dv] (or v-first) float64).
     """

@@ -1,4 +1,4 @@
-"""Forward and gradients of gdr's operators against the float64 recurrence (SPEC Section 7).
+"""Forward and gradients of gdr's operators against the float64 recurrence (docs/operator.md §7).
 
 fp32 inputs through each CPU path; the oracle is the plain PyTorch float64 recurrence of
 gdr_testing.torch_reference, differentiated by autograd. o and the final state must be within
@@ -13,7 +13,7 @@ from gdr_testing import TOL_FWD, TOL_GRAD, make_inputs, rel_err, torch_reference
 
 PATHS = ["reference", "sequential", "chunkwise", "auto"]
 
-# Named corner cases (SPEC Section 7): T around the chunk, GQA, both gates, decays, h0, mask,
+# Named corner cases (docs/operator.md §7): T around the chunk, GQA, both gates, decays, h0, mask,
 # varlen with an empty sequence, the fused options, the v-first layout, Dk != Dv.
 CASES = {
     "T1": dict(B=2, T=1, Hk=2, Dk=16, Dv=16),
@@ -232,7 +232,7 @@ def test_op_refuses_an_unknown_saved_content():
 def test_autograd_keeps_the_saved_tensor_on_cpu_training_paths(path):
     # chunk_gated_delta_rule with inputs that require grad: autograd keeps the saved tensor for
     # the chunkwise and automatic paths (and gradients match), not for the per-token loop; by
-    # default the chunk states (SPEC Section 3), with save_chunk_intermediates=True the chunk
+    # default the chunk states (docs/operator.md §3), with save_chunk_intermediates=True the chunk
     # intermediates too.
     x, extra = _setup(dict(B=1, T=70, Hk=1, Hv=2, Dk=16, Dv=16, h0=True))
     leaves = {k: t.clone().requires_grad_() for k, t in x.items()}

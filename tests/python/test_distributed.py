@@ -3,7 +3,7 @@
 Each test spawns W processes (gloo, CPU, free localhost port, bounded time) that run
 chunk_gated_delta_rule_cp on their slices; this process runs the float64 sequential reference
 over the whole batch and compares o, the final state and every gradient (q, k, v, g, beta, h0)
-by relative Frobenius error (SPEC Section 7).
+by relative Frobenius error (docs/operator.md §7).
 
 Operators under test:
   gdr   : gdr.chunk_gated_delta_rule on fp32 inputs      (bar: o/state 1e-5, grads 1e-4)
@@ -58,7 +58,7 @@ def gdr_import_error():
 
 
 # ---------------------------------------------------------------------------------------------
-# Float64 sequential reference (SPEC Section 2), autograd through plain torch ops.
+# Float64 sequential reference (docs/operator.md §2), autograd through plain torch ops.
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,7 @@ def test_dtype_errors():
 
 def test_initial_state_rows_and_layout():
     x = _x(h0=True)
-    # The core calls the initial state h0 (SPEC Section 1); its message is passed on unchanged.
+    # The core calls the initial state h0 (docs/operator.md §1); its message is passed on unchanged.
     with pytest.raises(ValueError, match=r"^gdr\.forward: h0 has shape .*N is 2, got 1"):
         _call(x, initial_state=x["initial_state"][:1])
     with pytest.raises(ValueError, match=r"state_layout is 'x_first'; allowed: 'k_first', "
