@@ -5,7 +5,7 @@
 // calls cycling over the sets, C = max(NS, --graph-calls) (default 16: a model's decode graph
 // holds one call per layer, so the replay's own start is not a cost of one call; with C = NS,
 // as before 2026-12-03, B >= 32 ran 2 calls per graph and each call carried half a replay's
-// start, ~1.4-1.7 us at B = 32: bench/NOTES-gpu.md v44); each replay is timed with events,
+// start, ~1.4-1.7 us at B = 32: docs/cuda-decode.md v44); each replay is timed with events,
 // time per call = replay / C; median of >= 20 replays after warm-up. A device-to-device copy
 // measured in the same run gives the bandwidth ceiling; a graph of C state-sized copies (state
 // i -> state i + 1, cycling) gives the same-size ceiling, with the same launch and tail costs

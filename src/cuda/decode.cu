@@ -71,7 +71,7 @@ void launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned threads, s
   (void)cudaLaunchKernelEx(&config, kernel, args...);  // errors: cudaGetLastError after the launch
 }
 
-// Programmatic dependent launches: the rule is on (bench/NOTES-gpu.md, v40: up to 0.3 us less
+// Programmatic dependent launches: the rule is on (docs/cuda-decode.md, v40: up to 0.3 us less
 // per call at B = 1, the same elsewhere); the override 1 turns them off, 2 on.
 bool pdl_wanted() {
   return g_pdl_override.load(std::memory_order_relaxed) != 1;

@@ -339,7 +339,7 @@ __device__ __forceinline__ float bytes_as_float(const char* p, int dtype) {
 // (state_indices[n], or n), value head hv and key head hk. block_item_at and block_rows serve the
 // chunk kernel (recurrent_chunk.cuh, persistent blocks); recurrent_kernel below keeps the same
 // steps written inline for its block blockIdx.x: built on these helpers it measured 2-3 % slower
-// at T = 8 on the H200 (87924c2, bench/NOTES-gpu.md v30), the way an earlier refactor of it did
+// at T = 8 on the H200 (87924c2, docs/cuda-decode.md v30), the way an earlier refactor of it did
 // (3666dba).
 struct BlockItem {
   std::int64_t n, b, t0, len, row;
@@ -700,7 +700,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// The next wave's state traffic started early (bench/NOTES-gpu.md, v25, v28): block b asks the
+// The next wave's state traffic started early (docs/cuda-decode.md, v25, v28): block b asks the
 // L2 for the state of block b + a.prefetch_blocks, which the hardware dispatches (blocks go out in
 // index order as resident ones retire) about half a block lifetime later when prefetch_blocks is
 // half a wave. Its loads then hit L2, and the DRAM stays busy while the resident blocks compute

@@ -1,6 +1,6 @@
 // The chunk kernel: the recurrent (decode / sequential forward) step, 8 tokens at a time, with
 // the state slice in registers, its products on the tensor cores, and persistent blocks that
-// copy the next item's state and tokens while they compute the current one (bench/NOTES-gpu.md,
+// copy the next item's state and tokens while they compute the current one (docs/cuda-decode.md,
 // v31). Exists for a k-first fp32 or bf16 state (SB: read into fp32 registers, rounded to nearest
 // even once at an item's store), Dk = 128, scalar gate (tuning.h, recurrent_chunk_applies;
 // any T, varlen, pools); the rules take it from 8 tokens per sequence and 4 heads per SM
@@ -28,7 +28,7 @@
 // (+ 1) of tile j, where fragment row g stands for column 16 w + 2 g and row g + 8 for column
 // 16 w + 2 g + 1 (any order of the columns serves the math; this one puts a thread's two columns
 // side by side, so each key row of the state leaves it as one 8-byte store: half the store
-// instructions of columns g and g + 8, bench/NOTES-gpu.md v33). Per chunk, all on mma.sync
+// instructions of columns g and g + 8, docs/cuda-decode.md v33). Per chunk, all on mma.sync
 // m16n8k8 (tf32, 3xTF32 where an operand is not exact in tf32; raw 16-bit inputs are):
 //  - P^T = S0^T [K; Q]^T (M = columns, N = 8 k + 8 q tokens, K = keys): the state's C
 //    fragments are its A fragments when the K index c (c + 4) stands for key 2 c (2 c + 1), so
@@ -170,7 +170,7 @@ __device__ __forceinline__ float issue_tokens(const RecurrentArgs& a, const Bloc
   // Element path: this warp's earlier generic stores into the buffer are ordered before the
   // async proxy. Bulk copies write the buffers only of calls whose rows are aligned, where no
   // generic store into them ever precedes one: no fence there (alone it changed no timing, but
-  // without it the FIRST_LATE instantiations spill less; bench/NOTES-gpu.md v34).
+  // without it the FIRST_LATE instantiations spill less; docs/cuda-decode.md v34).
   if (!a.vec_tok) fence_proxy_async();
   if (lane == 0) mbar_arrive_expect_tx(bar, a.vec_tok ? cnt * (2 * qbytes + vbytes) : 0u);
   __syncwarp();
@@ -481,14 +481,14 @@ __device__ __forceinline__ void chunk_store_o(const RecurrentArgs& a, float (&o)
 // barrier, first chunk only), so that the phase that needs only the tokens runs while every block
 // of the wave waits for its first state; the steady state's code is the same, but register
 // allocation differs (0-28 bytes of spills either way by W and dtype; measured ~1 % slower at 31
-// one-chunk items per block, bench/NOTES-gpu.md v34).
+// one-chunk items per block, docs/cuda-decode.md v34).
 // DYNAMIC (more than 6 one-chunk items per block, 8 with a bf16 pool, tuning.h
 // recurrent_chunk_dynamic): after a block's first item (blockIdx.x) the issuing warp takes each
 // next item from a per-call counter (a.item_counter, a pair zero at the launch that the launch's
 // last block leaves zero: release_item_counter) at the first barrier of the current item's last
 // chunk, so that blocks on faster SMs take more items (with a static round-robin the blocks'
 // periods differ by up to ~10 % by SM and the last ones end ~6 us after the median;
-// bench/NOTES-gpu.md v34).
+// docs/cuda-decode.md v34).
 template <int W, int DT, bool FIRST_LATE, bool DYNAMIC = false, bool SB = false>
 __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
     recurrent_chunk_kernel(const RecurrentArgs a) {
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
   // The token copies go out before the state's. (Every warp waits at named barrier 2, the issuing
   // one too: with bar.arrive there, and at named barrier 1 below, compute-sanitizer racecheck
   // reports WAR hazards across the next block barriers from the second item of a block on; with
-  // bar.sync at both it reports none, at the same speed: bench/NOTES-gpu.md v35.)
+  // bar.sync at both it reports none, at the same speed: docs/cuda-decode.md v35.)
   if constexpr (FIRST_LATE) named_barrier_sync(2, NTHREADS);
   if (live_of(it) && a.h_in) copy_state<CB, NTHREADS, SB>(a, state_rows<SB>(a, it, CB), St);
   cp_async_commit();
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)  // 128 registers
       if (lane == 0) *next_src = next_rows;
       // The next item's state -> L2 (its copy into the staging buffer starts a phase later):
       // only an item whose rows are contiguous (Dv = CB, no row padding), as 16 bulk prefetches
-      // of a 16th each (lanes 0 .. 15). Measured on the H200 (bench/NOTES-gpu.md v33, T = 8,
+      // of a 16th each (lanes 0 .. 15). Measured on the H200 (docs/cuda-decode.md v33, T = 8,
       // B = 256, us, by number of pieces): 1: 311, 4: 311, 16: 306-309, 32: 305-307, 64: 313,
       // 128: 345; a row per prefetch (rows not contiguous, 64-column items) was slower than none.
       constexpr int kParts = 16;

@@ -11,7 +11,7 @@
 // the M-value slices q[r0 ..], k[r0 ..] (and per-key g[r0 ..]) as 16-byte loads, its 4 values
 // of v as one 8- or 16-byte load, and the scalars; the lanes of a row group read the same bytes
 // (one L1 transaction). There is no shared memory, no barrier and no per-block staging loop,
-// whose index arithmetic was most of the instructions of a one-token block (bench/NOTES-gpu.md,
+// whose index arithmetic was most of the instructions of a one-token block (docs/cuda-decode.md,
 // v15, v16); the warps of a block are independent. From the second token on, the staging pays
 // for itself (v18), so T > 1 stays with recurrent_kernel.
 #pragma once

@@ -4,11 +4,11 @@
 // them the same way (bulk stores from shared memory), so that while the consumer warps update one
 // item the DRAM reads the next ones and writes the previous one: reads and writes stay in flight
 // all the time, as in a copy, instead of the wave-by-wave "load all, compute, store all" of
-// recurrent_one.cuh's blocks (bench/NOTES-gpu.md v28a, v34: at B = 32 its first wave waits ~8 us
+// recurrent_one.cuh's blocks (docs/cuda-decode.md v28a, v34: at B = 32 its first wave waits ~8 us
 // for 17 MB of state before any store starts). Exists for a k-first fp32 state with Dk = 128,
 // items of 128 value columns (Dv % 128 == 0), 16-byte aligned rows and T tokens whose raw q, k, v
 // rows (and per-key g rows) fit a slot (T x (3 input bytes + 4 per-key) <= 48; tuning.h,
-// recurrent_ring_applies). Measured (bench/NOTES-gpu.md v36, v39): in the steady state an SM moves
+// recurrent_ring_applies). Measured (docs/cuda-decode.md v36, v39): in the steady state an SM moves
 // one item in and out per ~4.1 us, the copy rate, with or without the math of one token; what a
 // call loses is the start (the first state lands ~5 us in), the end (an SM's last item takes
 // ~5 us from its fill to the end of its store) and the spread of the SMs' rates (stores from
@@ -55,7 +55,7 @@
 // 1). With dynamic items (RecurrentArgs::item_counter; tuning.h, recurrent_ring_dynamic_round) it
 // takes its items of the first rounds that way, then the next untaken item of the later rounds
 // from a counter, so that the SMs that move state faster (their rates differ by up to ~20 %,
-// bench/NOTES-gpu.md v48) take more items and the call does not wait for the slowest SMs to finish
+// docs/cuda-decode.md v48) take more items and the call does not wait for the slowest SMs to finish
 // a full share (v49). The producer marks the block's end with a header of live = -1 after its last
 // item; the consumers and the coefficient warp stop there.
 #pragma once
@@ -184,7 +184,7 @@ __device__ __forceinline__ void tensor_prefetch_l2(const CUtensorMap* map, int c
 // T tokens x 1 sequence: the item's T rows at the slot's padded row pitch, RingLayoutT<true>::row;
 // the 8 elements past a row's 128 are the next columns or, past the tensor, zeros), so that a fill
 // is three copies where one per row was 3 T: the producer's fills at T = 8 took ~2 us each with 24
-// copies of 256 bytes (bench/NOTES-gpu.md v52). A kernel parameter (__grid_constant__): the maps
+// copies of 256 bytes (docs/cuda-decode.md v52). A kernel parameter (__grid_constant__): the maps
 // stay in parameter space.
 struct RingMaps {
   CUtensorMap in;
@@ -362,7 +362,7 @@ __device__ __forceinline__ void ring_fill(const RecurrentArgs& a, const RingMaps
     const float* src = a.h_in + it.row * a.hin_s0 + it.hv * a.hin_s1 + it.split * L::kCB;
     if (a.hin_s2 == L::kCB) {  // the item's rows are contiguous: one copy
       if (lane == 0) bulk_copy_hint(slot, src, L::kState, sbar, policy);
-    } else {  // a copy per row (a 512-byte copy per row doubled the period: bench/NOTES-gpu.md v36)
+    } else {  // a copy per row (one 512-byte copy per row doubled the period: v36)
 #pragma unroll
       for (int r = lane; r < L::kDK; r += 32)
         bulk_copy_hint(slot + r * L::kCB * 4, src + r * a.hin_s2, L::kCB * 4, sbar, policy);
@@ -789,7 +789,7 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   // P^T = S0^T [K; Q]^T: pk (k tokens), pq (q tokens), main + correction accumulators, each over
   // even and odd key tiles (bf16: pairs of tiles) apart, so that eight chains run side by side.
   // bf16 inputs: two key tiles per m16n8k16 product in 3xBF16 (six products per 16 keys where
-  // 3xTF32 takes eight; bench/NOTES-gpu.md v51: T = 8, B = 32 40.4 -> 39.9 us, the state as
+  // 3xTF32 takes eight; docs/cuda-decode.md v51: T = 8, B = 32 40.4 -> 39.9 us, the state as
   // accurate); f16 keys are not exact in bf16 and keep 3xTF32.
   float pk[2][4] = {}, pke[2][4] = {}, pq[2][4] = {}, pqe[2][4] = {};
   if constexpr (DT == kBF16) {
@@ -851,7 +851,7 @@ __device__ __forceinline__ void ring_consume_chunk(const RecurrentArgs& a, char*
   float o[4] = {cq0 * pq[0][0], cq1 * pq[0][1], cq0 * pq[0][2], cq1 * pq[0][3]};
   chunk_store_o<DT>(a, o, u, mf, n * a.o_sb + hv * a.o_sh + col0, T, s0, c0);
   // S^T = gamma S^T + (U diag(cU))^T K, written back to the slot (the producer's tensor store
-  // takes it: register stores to the pool ran 7-9 % slower from B = 128, bench/NOTES-gpu.md v45).
+  // takes it: register stores to the pool ran 7-9 % slower from B = 128, docs/cuda-decode.md v45).
   const float4 ua = make_float4(u[0] * cu0, u[2] * cu0, u[1] * cu1, u[3] * cu1);
   const float4 uh = tf32_hi4(ua), ul = sub4(ua, uh);
 #pragma unroll
@@ -888,11 +888,11 @@ __device__ __forceinline__ unsigned ring_next_item(const RecurrentArgs& a, unsig
 // state_indices, its scalars: dependent global loads) a period before its fill, while the producer
 // waits for a store to read its slot, so that no load latency lies between that wait and the fill:
 // on the H200 a lookup issued right before the fill held each fill ~1-3 us under the ring's own
-// DRAM traffic (per-block timelines, bench/NOTES-gpu.md v39). The first fill goes out before any
+// DRAM traffic (per-block timelines, docs/cuda-decode.md v39). The first fill goes out before any
 // other lookup. CM: the state's own barrier (state_full, ring_fill) beside each slot's `full`. The
 // chunk consumers' start once looked up the items of slots 1 and 2 with item 0's and filled the
 // three slots one after the other (v48), while each fill issued 24 row copies; with three token
-// boxes per fill (RingMaps) the lookup after each fill is faster again (bench/NOTES-gpu.md v52;
+// boxes per fill (RingMaps) the lookup after each fill is faster again (docs/cuda-decode.md v52;
 // T = 8, us, this | together, alternating in one process: B = 16 21.50-21.62 | 21.72-21.82, B = 32
 // 39.30-39.39 | 39.54-39.57, B = 64 73.15-73.25 | 73.57-73.72; T = 6, B = 32 38.95-39.01 |
 // 39.12-39.17).
@@ -928,7 +928,7 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
     if (next_item >= items) break;
     // The next item's state asked of the L2 now (a contiguous item: one bulk prefetch), so that
     // its fill, once its slot frees about a period later, reads from the L2. Measured on the
-    // H200 (bench/NOTES-gpu.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
+    // H200 (docs/cuda-decode.md v37, us without | with, alternating runs): B = 24 29.7-29.9 |
     // 28.3-28.6, B = 32 37.9-38.3 | 37.7-37.9, B = 40 47.1-47.3 | 46.9-47.2, B = 64 74.1-74.6 |
     // 72.1-72.3.
     // CM: the next item's box (any strides the maps take).
@@ -943,7 +943,7 @@ __device__ __forceinline__ void ring_produce(const RecurrentArgs& a, const RingM
   }
   // The block's last take is done. Releasing the pair later (after the tail's stores, or from the
   // coefficient warp), or with one word reset by the last failing take instead (no fence), ran
-  // 0.3-1.2 us slower at T = 8 B = 32 (bench/NOTES-gpu.md v52, v53).
+  // 0.3-1.2 us slower at T = 8 B = 32 (docs/cuda-decode.md v52, v53).
   if (lane == 0) release_item_counter(a);
   // The last items in flight (at most kRingSlots), in order.
   const unsigned mine = k + 1;  // the block's items

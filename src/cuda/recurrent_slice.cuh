@@ -4,7 +4,7 @@
 // per head at Dv = 128, so that B = 1 reaches as many SMs as the narrow staged tile does. The T
 // tokens are one chunk on the tensor cores, in the chunk form and fragment layouts of
 // recurrent_chunk.cuh (its header states the math), so that the serial chain per token of
-// recurrent.cuh's token loop (~0.44 us per token at B = 1, bench/NOTES-gpu.md v41) becomes a few
+// recurrent.cuh's token loop (~0.44 us per token at B = 1, docs/cuda-decode.md v41) becomes a few
 // short chains of products per call, the same for any T. Exists for a k-first fp32 state with
 // Dk = 128, 16-bit inputs (exact in tf32) with a scalar gate, T <= 8, no varlen, 16-byte aligned
 // token and state rows (tuning.h, recurrent_slice_applies).
@@ -14,7 +14,7 @@
 //  0. Before the wait for the previous grid (a programmatic dependent launch may start this grid
 //     while that one drains), everything that needs only the kernel's parameters: the item but
 //     its pool row, the token rows, every thread's token copies and state offsets; and the
-//     block's state rows asked of the L2. (Measured on the H200, bench/NOTES-gpu.md v47: the
+//     block's state rows asked of the L2. (Measured on the H200, docs/cuda-decode.md v47: the
 //     parameter work moved before the wait took B = 1, T = 8 from 5.66 to 4.77 us, the L2 ask
 //     to 4.23, the coefficient warp to 4.12.)
 //  1. every thread copies its share of the chunk's raw token rows (cp.async 16-byte units: q and

@@ -15,7 +15,7 @@ constexpr int recurrent_columns_per_warp(std::int64_t dk, bool v_first, bool nar
 
 // The staged kernel's narrow k-first tile (8 columns per warp at Dk = 64 and 128) when the usual
 // tile gives fewer than two warps per SM: a lone warp's token loop is bound by its own
-// instruction count (bench/NOTES-gpu.md, v26), which the narrow tile halves. Measured on the H200
+// instruction count (docs/cuda-decode.md, v26), which the narrow tile halves. Measured on the H200
 // (v27, Hv = 32, Dk = Dv = 128, us usual | narrow): B = 1 (256 warps): T = 2 5.14 | 4.96, T = 8
 // 8.33 | 7.01, T = 16 12.9 | 10.7; B = 2 (512 warps): T = 2 6.21 | 6.54, T = 8 9.30 | 9.18;
 // B = 4: the narrow tile 1-9 % slower.
@@ -28,7 +28,7 @@ constexpr bool recurrent_narrow_applies(std::int64_t heads, std::int64_t dk, std
 
 // Warps per block. The warps of a block share one staging of q, k (and the gates) per chunk,
 // so larger blocks stage less per state byte, while small grids want more, smaller blocks to
-// reach more SMs. Measured on the H200 (bench/NOTES-gpu.md, sweeps of 1/2/4/8 warps, Hv = 32,
+// reach more SMs. Measured on the H200 (docs/cuda-decode.md, sweeps of 1/2/4/8 warps, Hv = 32,
 // Dk = Dv = 128, B = 1..256): T = 1: 4 warps best from B = 32 on, all within 2 % at B = 8,
 // 1 warp best at B = 1 (4.7 us vs 5.1 us with 4); T = 8: 8 warps best from B = 32 on, 4 warps
 // best at B = 1 and 8; T = 2 and 3 (v33, us for 1 | 4 warps, the tile the rules pick): B = 1
@@ -55,12 +55,12 @@ constexpr bool recurrent_one_applies(std::int64_t tokens, bool varlen, bool v_fi
   return tokens == 1 && !varlen && !v_first && rows_aligned;
 }
 
-// Warps per block of the one-token kernel, whose warps share nothing: small blocks spread few
-// warps over more SMs, larger ones cost less to schedule. Measured on the H200 (NOTES-gpu.md,
-// v16, Hv = 32, Dk = Dv = 128, us for 1 / 2 / 4 / 8 warps): B = 1: 3.77 / 4.31 / 4.50 / 5.23,
-// B = 8: 11.27 / 11.95 / 11.89 / 12.01, B = 32: 42.85 / 39.98 / 40.30 / 41.26, B = 128:
-// 169.8 / 149.9 / 147.2 / 147.4, B = 256: 340.2 / 295.7 / 290.0 / 289.8. Rule by the warps of
-// the whole grid: 1 below 32 per SM, 2 below 128 per SM, else 4; never more than Dv / CW.
+// Warps per block of the one-token kernel, whose warps share nothing: small blocks spread few warps
+// over more SMs, larger ones cost less to schedule. Measured on the H200 (docs/cuda-decode.md, v16,
+// Hv = 32, Dk = Dv = 128, us for 1 / 2 / 4 / 8 warps): B = 1: 3.77 / 4.31 / 4.50 / 5.23, B = 8:
+// 11.27 / 11.95 / 11.89 / 12.01, B = 32: 42.85 / 39.98 / 40.30 / 41.26, B = 128: 169.8 / 149.9 /
+// 147.2 / 147.4, B = 256: 340.2 / 295.7 / 290.0 / 289.8. Rule by the warps of the whole grid: 1
+// below 32 per SM, 2 below 128 per SM, else 4; never more than Dv / CW.
 constexpr int recurrent_one_warps_per_block(std::int64_t heads, std::int64_t dk, std::int64_t dv,
                                             int sm_count) {
   const std::int64_t warps_per_head = dv / recurrent_columns_per_warp(dk, false);
@@ -80,7 +80,7 @@ constexpr bool recurrent_chunk_applies(bool v_first, bool per_key, std::int64_t 
 
 // Value columns per item of the chunk kernel: 128 (blocks of 8 warps, 2 per SM) where those items
 // fill their waves (at least 4 waves, or the waves at least 90 % full), else 64 (4 warps, 4 per
-// SM). Measured on the H200 (bench/NOTES-gpu.md, v32; Hv = 32, Dk = Dv = 128, T = 8, us for
+// SM). Measured on the H200 (docs/cuda-decode.md, v32; Hv = 32, Dk = Dv = 128, T = 8, us for
 // 128 | 64 | 32 columns): B = 2 9.26 | 8.63 | 9.22, B = 4 11.04 | 10.67 | 11.01, B = 6 14.10 |
 // 13.07 | 19.96, B = 8 16.39 | 19.73 | 21.88, B = 12 25.36 | 23.70 | 31.34, B = 16 28.74 |
 // 31.52 | 40.52; B = 256 (v31) 357 | 373 | 492. Items of 32 columns are never faster.
@@ -110,7 +110,7 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
 // limit), ~88 % of the copy rate (an average: v39's per-block timelines put the steady state at an
 // item per ~4.1 us, the copy rate, and the rest in the start, the end and the SMs' spread); at
 // T = 1 the one-token kernel's waves lose more than that only between ~4 and ~12 items per SM.
-// Measured on the H200 (bench/NOTES-gpu.md v36; Hv = 32, Dk = Dv = 128, T = 1, us one-token |
+// Measured on the H200 (docs/cuda-decode.md v36; Hv = 32, Dk = Dv = 128, T = 1, us one-token |
 // ring, same process): B = 8 (1.9 items per SM) 11.1-11.3 |
 // 11.3-11.8, B = 16 (3.9) 21.4 | 21.2, B = 32 (7.8) 39.1-39.2 | 38.1-38.5, B = 64 (15.5) 70.9-71.6
 // | 75.7-76.0, B = 128 136 | 147, B = 256 265 | 290. An item whose rows are not contiguous (Dv >
@@ -143,7 +143,7 @@ constexpr bool recurrent_ring_applies(std::int64_t tokens, int input_bytes, bool
 // (15.5) 75.73 | 71.90; T = 2: B = 8 (1.9) 14.31 | 13.07, B = 16 27.01 | 19.79, B = 32 49.46 |
 // 39.28, B = 64 91.15 | 73.34; T = 4: B = 8 17.21 | 16.07, B = 16 32.59 | 24.19, B = 32 62.58 |
 // 41.68, B = 64 113.6 | 78.22.
-// With its consumers on one chunk (chunk_math: recurrent_ring_chunk_math below; bench/NOTES-gpu.md
+// With its consumers on one chunk (chunk_math: recurrent_ring_chunk_math below; docs/cuda-decode.md
 // v45, bench/results/2026-12-04-decode-ring-chunk.json; us, the rule's chunk kernel | ring token
 // by token | ring on one chunk, same process): T = 8: B = 8 (1.9 items per SM) 13.61 | 18.82 |
 // 16.17, B = 32 (7.8) 46.52 | 50.87 | 43.13, B = 128 158.96 | 176.26 | 151.51, B = 256 315.00 |
@@ -176,7 +176,7 @@ constexpr bool recurrent_ring_preferred(std::int64_t tokens, std::int64_t heads,
 // tf32) with a scalar gate. Their cost per item is flat in T (v45: above the copy period of ~4.1
 // us per item and SM; v46, with the swizzled tensor copies, about at it), where token by token
 // costs ~0.5 us per token. Measured on the H200
-// (bench/NOTES-gpu.md v45, bench/results/2026-12-04-decode-ring-chunk.json; Hv = 32, Dk = Dv =
+// (docs/cuda-decode.md v45, bench/results/2026-12-04-decode-ring-chunk.json; Hv = 32, Dk = Dv =
 // 128, the ring forced, us tokens | chunk): T = 1: B = 32 36.55 | 39.77, B = 256 268.2 | 280.5;
 // T = 4: B = 8 14.18 | 15.69, B = 32 38.91 | 41.15, B = 128 140.4 | 147.9, B = 256 275.5 | 286.4;
 // T = 8: B = 8 18.82 | 16.17, B = 32 50.87 | 43.13, B = 128 176.3 | 151.5, B = 256 341.6 | 293.7
@@ -205,7 +205,7 @@ constexpr bool recurrent_slice_applies(std::int64_t tokens, int input_bytes, boo
 }
 
 // Where the rules take the slice kernel (when it applies) instead of the staged, chunk or ring
-// kernels: few heads, where a call is latency-bound. Measured on the H200 (bench/NOTES-gpu.md v47,
+// kernels: few heads, where a call is latency-bound. Measured on the H200 (docs/cuda-decode.md v47,
 // bench/results/2026-12-04-decode-slice-paths.json, 545b92a; Hv = 32, Dk = Dv = 128, bf16 inputs,
 // us, the best other kernel | slice, same process): B = 1 (128 blocks): T = 2 4.10 (narrow
 // staged) | 3.81, T = 4 4.94 (narrow) | 3.88, T = 8 6.67 (narrow) | 3.93; B = 2: T = 2 5.44
@@ -227,7 +227,7 @@ void set_recurrent_chunk_columns_override(int columns);
 // block of the first wave waits ~8 us for its first state at the H200's bandwidth, and its tokens,
 // copied first, let it form that chunk's coefficients and fragments meanwhile; the instantiation's
 // register allocation differs (spills), which cost in the steady state of one-chunk items.
-// Measured on the H200 (bench/NOTES-gpu.md v34; Hv = 32, Dk = Dv = 128, us early | late, same
+// Measured on the H200 (docs/cuda-decode.md v34; Hv = 32, Dk = Dv = 128, us early | late, same
 // process): T = 8: B = 2 (64-column items) 7.99 | 7.54, B = 6 13.18 | 11.98, B = 8 (1 item per
 // block) 16.15 | 14.73, B = 32 (3.9) 49.04 | 47.86, B = 64 (7.8) 88.08 | 86.91, B = 128 (15.5)
 // 160.83 | 161.30, B = 256 (31) 308.38 | 312.38; T = 16: B = 8 20.78 | 19.52, B = 32 66.67 |
@@ -245,7 +245,7 @@ void set_recurrent_chunk_first_override(int mode);
 // The chunk kernel's items taken dynamically from a counter pair of the launch
 // (recurrent_chunk.cuh, DYNAMIC; with the first state wait late) instead of round-robin: the
 // blocks' periods differ by up to ~10 % by SM, and a static schedule ends with the slowest.
-// Measured on the H200 (us static | dynamic). fp32 pool (bench/NOTES-gpu.md v35,
+// Measured on the H200 (us static | dynamic). fp32 pool (docs/cuda-decode.md v35,
 // bench/results/2026-11-30-decode-21.json, 6d1f3b2): T = 8 B = 32 46.9 | 47.8, B = 64 85.4 |
 // 83.0, B = 128 162.4 | 152.7, B = 256 310.3 | 291.1; T = 16 B = 32 62.9 | 65.0, B = 128 218.8 |
 // 222.7, B = 256 421.9 | 430.0. bf16 pool, where an item moves half the bytes (v51,
@@ -267,7 +267,7 @@ void set_recurrent_chunk_schedule_override(int mode);
 // rounds its start looks up together). With a full round or more for every block the first rounds
 // stay static: the spread of the SMs' rates (~20 %) then decides only who takes the last items;
 // with many rounds all but the start's are dynamic, so the faster SMs take more over the call.
-// Measured on the H200 (bench/NOTES-gpu.md v49; Hv = 32, Dk = Dv = 128, bf16 inputs, 16 calls per
+// Measured on the H200 (docs/cuda-decode.md v49; Hv = 32, Dk = Dv = 128, bf16 inputs, 16 calls per
 // graph, the ring forced, us static | dynamic from round 3 | dynamic for the last round only, same
 // process; bench/results/2026-12-04-decode-ring-schedule.json at bddd8d6, in brackets the
 // experiment build's two rounds, 2026-12-04-decode-ring-dynamic.json): T = 8 (chunk consumers):
@@ -288,7 +288,7 @@ constexpr std::int64_t recurrent_ring_dynamic_round(std::int64_t items, std::int
 // Where the ring kernel initializes its mbarriers and prefetches its tensor maps before the
 // dependent-launch wait (both touch only the block's shared memory and the kernel's parameters),
 // so that a block that starts while the grid before drains is ready when the wait releases.
-// Measured on the H200 (bench/NOTES-gpu.md v50, v51; us, after | before the wait, alternating in
+// Measured on the H200 (docs/cuda-decode.md v50, v51; us, after | before the wait, alternating in
 // one process): T = 8 B = 16 21.75-21.79 | 21.63, B = 32 39.74-39.80 | 39.61-39.65 and 40.40-40.67
 // | 40.29-40.49, B = 64 73.93-73.96 | 73.79-73.80, B = 128 141.14-141.25 | 141.10-141.13, B = 256
 // 275.37-275.42 | 275.71-276.59; T = 1 B = 32 36.26-36.31 | 36.12-36.19. About 0.1 us up to B = 64,
@@ -306,7 +306,7 @@ void set_recurrent_ring_schedule_override(int mode);
 void set_recurrent_chunk_blocks_override(int blocks);
 
 // Where the rules take the chunk kernel (when it applies) instead of the staged one. Measured on
-// the H200 (bench/NOTES-gpu.md, v32; Hv = 32, Dk = Dv = 128, bf16 inputs, us best staged tile |
+// the H200 (docs/cuda-decode.md, v32; Hv = 32, Dk = Dv = 128, bf16 inputs, us best staged tile |
 // chunk with the column rule, same process): T = 8: B = 1 7.0 | 7.9, B = 2 9.1 | 8.4, B = 4 12.5 |
 // 10.4, B = 8 18.8 | 16.4, B = 32 66.1 | 49.2, B = 256 427 | 332; T = 16: B = 1 10.5 | 13.6,
 // B = 2 13.4 | 14.2, B = 4 18.1 | 16.4, B = 8 27.8 | 21.4, B = 32 100 | 68.8, B = 256 687 | 450.
@@ -327,7 +327,7 @@ constexpr bool recurrent_chunk_preferred(std::int64_t tokens, bool varlen, std::
 }
 
 // Where the rules take the chunk kernel for a bfloat16 pool (recurrent_chunk.cuh, SB), which the
-// ring kernel does not take, instead of the staged one. Measured on the H200 (bench/NOTES-gpu.md
+// ring kernel does not take, instead of the staged one. Measured on the H200 (docs/cuda-decode.md
 // v43, bench/results/2026-12-03-decode-bf16-chunk*.json; Hv = 32, Dk = Dv = 128, bf16 inputs, us
 // staged (narrow tile at B = 1) | chunk, same process): B = 1: T = 4 5.75 | 6.19, T = 5 6.30 |
 // 6.31, T = 6 6.67 | 6.43, T = 8 7.72 | 6.47, T = 12 9.64 | 11.42, T = 16 11.69 | 11.83; B = 2:
@@ -359,7 +359,7 @@ void set_recurrent_path_override(int path);
 
 // The next-wave L2 prefetch (recurrent.cuh, prefetch_state_of_block): how many blocks ahead a
 // block prefetches the state, 0 = none, for a grid of `blocks` of which `resident` run at once.
-// Measured on the H200 (bench/NOTES-gpu.md, v25; Hv = 32, Dk = Dv = 128, us off | on): half a
+// Measured on the H200 (docs/cuda-decode.md, v25; Hv = 32, Dk = Dv = 128, us off | on): half a
 // wave ahead is the best distance (a quarter, three quarters and a whole wave lose at some B);
 // the one-token kernel gains from B = 32 (3.9 waves: 40.4 | 39.1; B = 256: 293 | 276), the
 // staged kernel (T = 8) loses ~1 % at 3.9 waves (B = 32: 68.1 | 68.8) and gains from 7.8 (B = 64:
@@ -374,7 +374,7 @@ constexpr std::int64_t recurrent_prefetch_blocks(std::int64_t blocks, std::int64
 // The first wave's prefetch distance (0 = none) for a grid of one to two waves, where half a
 // wave ahead has nothing to cover: the first wave's blocks prefetch one wave ahead, i.e. the
 // whole second wave (at most a wave of state in L2 besides the first wave's). Measured on the
-// H200 (bench/NOTES-gpu.md, v28; Hv = 32, Dk = Dv = 128, T = 1, us off | rule): one-token kernel
+// H200 (docs/cuda-decode.md, v28; Hv = 32, Dk = Dv = 128, T = 1, us off | rule): one-token kernel
 // B = 12 (1.45 waves) 17.2 | 15.9, B = 16 (1.94 waves) 22.6 | 21.3 (bf16 pool 15.4 | 15.1). The
 // same first-wave distance beside the half-wave rule loses 1-5 % from 2.4 waves (B = 20 26.0 |
 // 27.2, B = 32 39.0 | 40.2) and in the staged kernel (T = 8, B = 12..32). Rule: one to two
@@ -385,7 +385,7 @@ constexpr std::int64_t recurrent_prefetch_wave(std::int64_t blocks, std::int64_t
 }
 
 // The one-token kernel's state loads with the default cache policy instead of the evict-first
-// hint (ld.global.cs). Measured on the H200 (bench/NOTES-gpu.md, v29; Hv = 32, Dk = Dv = 128,
+// hint (ld.global.cs). Measured on the H200 (docs/cuda-decode.md, v29; Hv = 32, Dk = Dv = 128,
 // T = 1, us evict-first | default, same process): fp32 pool B = 16 (1.9 waves) 21.5 | 23.1,
 // B = 32 (3.9) 39.4 | 39.2, B = 48 (5.8) 56.6 | 55.2, B = 64 (7.8) 73.5 | 71.5, B = 128 (15.5)
 // 141.3 | 136.5, B = 256 275.6 | 266.3; bf16 pool B = 64 (7.8) 49.2 | 50.0, B = 128 92.8 | 91.4,
