@@ -30,7 +30,7 @@ constexpr int recurrent_columns_per_warp(std::int64_t dk, bool v_first, bool nar
 
 // The staged kernel's narrow k-first tile (8 columns per warp at Dk = 64 and 128) below two warps
 // per SM: a lone warp's token loop is bound by its instruction count, which the narrow tile
-// halves (docs/cuda-decode.md §Dispatch table, "narrow").
+// halves (docs/cuda-decode.md §Dispatch table, "staged (narrow)").
 constexpr bool recurrent_narrow_applies(std::int64_t heads, std::int64_t dk, std::int64_t dv,
                                         bool v_first, int sm_count) {
   return !v_first && dk < 256 &&
@@ -42,7 +42,7 @@ static_assert(!recurrent_narrow_applies(32 * 2, 128, 128, false, 132));  // B = 
 
 // Warps per block of the staged kernel: 8 from T = 4 tokens, else 4; one step down (to 4, or at
 // T = 1 to 1) while that would leave fewer than two blocks per SM; never more than Dv / CW
-// (docs/cuda-decode.md §Dispatch table, "staged warps").
+// (docs/cuda-decode.md §Dispatch table, "staged (narrow)").
 constexpr int recurrent_warps_per_block(std::int64_t heads, std::int64_t tokens, std::int64_t dk,
                                         std::int64_t dv, bool v_first, int sm_count,
                                         bool narrow = false) {
@@ -282,7 +282,7 @@ static_assert(recurrent_chunk_preferred(4, false, 32 * 2, 132) &&
 // Where the rules take the chunk kernel for a bf16 pool (the ring kernel reads fp32 only): from 3
 // tokens on 24 heads >= 8 x SMs (B >= 2 at Hv = 32), 2 tokens from 1.5 heads per SM (B >= 7),
 // and with fewer heads one chunk of 6 to 8 tokens; no varlen (docs/cuda-decode.md §Dispatch
-// table, "chunk, bf16 pool").
+// table, "chunk").
 constexpr bool recurrent_chunk_preferred_bf16(std::int64_t tokens, bool varlen, std::int64_t heads,
                                               int sm_count) {
   const std::int64_t sms = sm_count;
