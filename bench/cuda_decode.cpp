@@ -467,9 +467,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const DType dtype = opt.dtype == "f16" ? DType::f16 : DType::bf16;
   opt.reps = std::max(opt.reps, 20);
-  // Setters of one override each (a value outside a field's list means its rule).
+  // Setters of one override each (the plan reads a value outside a field's list as its rule).
   auto set_kernel = [&opt](int path) {
-    opt.overrides.kernel = static_cast<gdr::DecodeKernel>(path >= 1 && path <= 6 ? path : 0);
+    opt.overrides.kernel = static_cast<gdr::DecodeKernel>(static_cast<std::uint8_t>(path));
   };
   auto setter = [&opt](int gdr::DecodeOverrides::*field) {
     return std::function<void(int)>([&opt, field](int v) { opt.overrides.*field = v; });
