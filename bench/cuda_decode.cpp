@@ -25,13 +25,15 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "cuda/tuning.h"
+#include "cuda/decode/tuning.h"
 #include "cuda_fill.h"
+#include "gdr/decode_overrides.h"
 #include "gdr/gdr.h"
 
 namespace {
@@ -60,7 +62,7 @@ struct Options {
   bool paths = false;     // also time (and check) the staged, narrow, one-token and chunk kernels
   int path = 0;  // for the whole run: 0 the rule, 1 staged, 2 one-token, 3 narrow staged, 4 chunk
   bool prefetch_ab = false;         // also time the launch rule without the next-wave L2 prefetch
-  std::vector<int> prefetch_modes;  // experiments: time these prefetch override modes
+  std::vector<int> prefetch_modes;  // also time these prefetch override modes
   bool load_ab = false;       // also time the one-token kernel's state loads with each cache policy
   bool first_ab = false;      // also time the chunk kernel's first state wait early and late
   bool schedule_ab = false;   // also time the chunk kernel's static and dynamic items
@@ -72,7 +74,18 @@ struct Options {
   int graph_calls = 16;
   std::string json_path, dump_dir;
   std::int64_t dump_B = 8, dump_T = 1;
+  // The CUDA plan's overrides of every call (ExecConfig::decode_overrides): --path and
+  // --chunk-columns for the whole run, the comparisons' settings for their timings.
+  gdr::DecodeOverrides overrides;
 };
+
+// The config of every decode call: the stream and the run's overrides.
+gdr::ExecConfig call_config(cudaStream_t st, const Options& opt) {
+  gdr::ExecConfig cfg;
+  cfg.stream = st;
+  cfg.decode_overrides = &opt.overrides;
+  return cfg;
+}
 
 struct Shape {
   std::int64_t B, T, Hk, Hv, Dk, Dv;
@@ -189,7 +202,8 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& r) {
 // Runs one decode on set `d` and checks the first min(B, 4) sequences against the reference.
 // Returns {o error, state error}. Leaves the set's state advanced by one step.
 std::pair<double, double> check_against_reference(const Shape& s, const DeviceSet& d,
-                                                  cudaStream_t st, const std::string& dump_dir) {
+                                                  cudaStream_t st, const std::string& dump_dir,
+                                                  const Options& opt) {
   const std::int64_t Bc = std::min<std::int64_t>(s.B, 4);
   const Shape c{Bc, s.T, s.Hk, s.Hv, s.Dk, s.Dv, s.dtype, s.v_first, s.bf16_state, s.per_key};
   // The state as floats (a bf16 pool widened: its values are exact in f32).
@@ -208,9 +222,7 @@ std::pair<double, double> check_against_reference(const Shape& s, const DeviceSe
        v = to_host<std::uint16_t>(d.v, nv);
   auto g = to_host<float>(d.g, c.gate_floats()), beta = to_host<float>(d.beta, ng);
   auto h0 = state_to_host(d.state);
-  gdr::ExecConfig cfg;
-  cfg.stream = st;
-  gdr::decode(decode_params(s, d), cfg);
+  gdr::decode(decode_params(s, d), call_config(st, opt));
   check(cudaStreamSynchronize(st), "decode");
   auto o_raw = to_host<std::uint16_t>(d.o, nv);
   auto h1 = state_to_host(d.state);
@@ -311,8 +323,7 @@ std::size_t graph_calls(std::size_t ns, const Options& opt) {
 // Median time per decode call (us) over graph replays of graph_calls calls.
 double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
                   const Options& opt) {
-  gdr::ExecConfig cfg;
-  cfg.stream = st;
+  const gdr::ExecConfig cfg = call_config(st, opt);
   gdr::decode(decode_params(s, sets[0]), cfg);  // first call outside the capture (lazy setup)
   check(cudaStreamSynchronize(st), "warm");
   const std::size_t calls = graph_calls(sets.size(), opt);
@@ -330,8 +341,7 @@ double time_graph(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream
 // checks, dispatch, tensor-map encoding, the launch), not the kernel's.
 double time_host(const Shape& s, const std::vector<DeviceSet>& sets, cudaStream_t st,
                  const Options& opt, int calls, bool wait_each) {
-  gdr::ExecConfig cfg;
-  cfg.stream = st;
+  const gdr::ExecConfig cfg = call_config(st, opt);
   std::vector<float> us;
   std::size_t set = 0;
   for (int r = 0; r < opt.warmup + opt.reps; ++r) {
@@ -421,7 +431,8 @@ int main(int argc, char** argv) {
       "slice kernels (each checked against the reference)");
   app.add_flag("--prefetch-ab", opt.prefetch_ab,
                "also time the launch rule without the next-wave L2 prefetch");
-  app.add_option("--prefetch-modes", opt.prefetch_modes, "also time these prefetch override modes");
+  app.add_option("--prefetch-modes", opt.prefetch_modes,
+                 "also time these prefetch override modes (1 off, 2 every block)");
   app.add_flag("--load-ab", opt.load_ab,
                "also time the one-token kernel's state loads evict-first and with the default "
                "cache policy");
@@ -445,7 +456,7 @@ int main(int argc, char** argv) {
                  "kernel for the whole run: 0 launch rule, 1 staged, 2 one-token, 3 narrow staged, "
                  "4 chunk, 5 ring, 6 slice");
   app.add_option("--chunk-columns", opt.chunk_columns,
-                 "the chunk kernel's block: 32, 64 or 128 value columns (0: the rule)");
+                 "the chunk kernel's block: 64 or 128 value columns (0: the rule)");
   app.add_option(
       "--graph-calls", opt.graph_calls,
       "calls per captured graph, at least (cycling over the input sets; 0: one per set)");
@@ -456,8 +467,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const DType dtype = opt.dtype == "f16" ? DType::f16 : DType::bf16;
   opt.reps = std::max(opt.reps, 20);
-  gdr::cuda::set_recurrent_path_override(opt.path);
-  gdr::cuda::set_recurrent_chunk_columns_override(opt.chunk_columns);
+  // Setters of one override each (the plan reads a value outside a field's list as its rule).
+  auto set_kernel = [&opt](int path) {
+    opt.overrides.kernel = static_cast<gdr::DecodeKernel>(static_cast<std::uint8_t>(path));
+  };
+  auto setter = [&opt](int gdr::DecodeOverrides::*field) {
+    return std::function<void(int)>([&opt, field](int v) { opt.overrides.*field = v; });
+  };
+  set_kernel(opt.path);
+  opt.overrides.chunk_columns = opt.chunk_columns;
 
   try {
     cudaStream_t st;
@@ -493,12 +511,12 @@ int main(int argc, char** argv) {
         const bool dump = !opt.dump_dir.empty() && B == opt.dump_B && T == opt.dump_T;
         // The check runs on B <= 4 sequences: the chunk kernel's block as the timed grid has it.
         auto check_as_timed = [&](const std::string& dir) {
-          gdr::cuda::set_recurrent_chunk_columns_override(
+          opt.overrides.chunk_columns =
               opt.chunk_columns > 0 ? opt.chunk_columns
                                     : gdr::cuda::recurrent_chunk_columns(B * opt.Hv, opt.Dv,
-                                                                         prop.multiProcessorCount));
-          const auto errs = check_against_reference(s, sets[0], st, dir);
-          gdr::cuda::set_recurrent_chunk_columns_override(opt.chunk_columns);
+                                                                         prop.multiProcessorCount);
+          const auto errs = check_against_reference(s, sets[0], st, dir, opt);
+          opt.overrides.chunk_columns = opt.chunk_columns;
           return errs;
         };
         const auto [o_err, s_err] = check_as_timed(dump ? opt.dump_dir : std::string());
@@ -509,8 +527,8 @@ int main(int argc, char** argv) {
         // advanced reach ~2.3e-3, over the 2e-3 this check had before v43.)
         const double state_tol = s.bf16_state ? std::ldexp(1.0, -8) + 1e-5 : 1e-5;
         const bool ok = o_err < tol && s_err < state_tol;
-        // Time per call with one of tuning.h's overrides set to `value`, then `restore` it.
-        auto time_with = [&](void (*set)(int), int value, int restore = 0) {
+        // Time per call with one of the overrides set to `value`, then `restore` it.
+        auto time_with = [&](const std::function<void(int)>& set, int value, int restore = 0) {
           set(value);
           const double t = time_graph(s, sets, st, opt);
           set(restore);
@@ -519,7 +537,7 @@ int main(int argc, char** argv) {
         json sweep = json::object();
         if (opt.sweep_warps) {
           for (int w : {1, 2, 4, 8})
-            sweep[std::to_string(w)] = time_with(gdr::cuda::set_recurrent_warps_override, w);
+            sweep[std::to_string(w)] = time_with(setter(&gdr::DecodeOverrides::warps), w);
         }
         json paths = json::object(), paths_err = json::object();
         if (opt.paths) {  // staged (usual, narrow tile), one-token and chunk kernels side by side
@@ -529,29 +547,29 @@ int main(int argc, char** argv) {
                                     {4, "chunk"},
                                     {5, "ring"},
                                     {6, "slice"}}) {
-            gdr::cuda::set_recurrent_path_override(path);
+            set_kernel(path);
             const auto [po, ps] = check_as_timed(std::string());
             paths_err[name] = {{"o", po}, {"state", ps}, {"ok", po < tol && ps < state_tol}};
-            paths[name] = time_with(gdr::cuda::set_recurrent_path_override, path, opt.path);
+            paths[name] = time_with(set_kernel, path, opt.path);
           }
         }
         json prefetch = json::object(), load_policy = json::object();
         if (opt.prefetch_ab) {  // the launch rule against the same without the prefetch
-          prefetch["off"] = time_with(gdr::cuda::set_recurrent_prefetch_override, 1);
-          prefetch["rule"] = time_with(gdr::cuda::set_recurrent_prefetch_override, 0);
+          prefetch["off"] = time_with(setter(&gdr::DecodeOverrides::prefetch), 1);
+          prefetch["rule"] = time_with(setter(&gdr::DecodeOverrides::prefetch), 0);
           std::printf("             next-wave prefetch off %9.2f us  rule %9.2f us\n",
                       prefetch["off"].get<double>(), prefetch["rule"].get<double>());
         }
         if (opt.load_ab) {
-          const double evict_first = time_with(gdr::cuda::set_recurrent_load_override, 1);
-          const double normal = time_with(gdr::cuda::set_recurrent_load_override, 2);
+          const double evict_first = time_with(setter(&gdr::DecodeOverrides::state_loads), 1);
+          const double normal = time_with(setter(&gdr::DecodeOverrides::state_loads), 2);
           std::printf("             state loads evict-first %9.2f us  default policy %9.2f us\n",
                       evict_first, normal);
           load_policy = {{"evict_first", evict_first}, {"default", normal}};
         }
-        // Time (and check) each {mode, name} of one of tuning.h's overrides; `eager` also times
-        // eager calls that are each waited for.
-        auto override_ab = [&](void (*set)(int), const char* label,
+        // Time (and check) each {mode, name} of one of the overrides; `eager` also times eager
+        // calls that are each waited for.
+        auto override_ab = [&](const std::function<void(int)>& set, const char* label,
                                std::initializer_list<std::pair<int, const char*>> modes,
                                bool eager) {
           json res = json::object();
@@ -575,31 +593,31 @@ int main(int argc, char** argv) {
         // The chunk kernel's items (1 = static, 2 = dynamic) and first state wait (2 = early,
         // 1 = late).
         const json schedule = opt.schedule_ab
-                                  ? override_ab(gdr::cuda::set_recurrent_chunk_schedule_override,
+                                  ? override_ab(setter(&gdr::DecodeOverrides::chunk_schedule),
                                                 "items", {{1, "static"}, {2, "dynamic"}}, true)
                                   : json::object();
         const json first_wait =
-            opt.first_ab ? override_ab(gdr::cuda::set_recurrent_chunk_first_override,
+            opt.first_ab ? override_ab(setter(&gdr::DecodeOverrides::chunk_first_wait),
                                        "first state wait", {{2, "early"}, {1, "late"}}, false)
                          : json::object();
-        const json pdl = opt.pdl_ab ? override_ab(gdr::cuda::set_recurrent_pdl_override, "launch",
+        const json pdl = opt.pdl_ab ? override_ab(setter(&gdr::DecodeOverrides::pdl), "launch",
                                                   {{1, "plain"}, {2, "pdl"}}, false)
                                     : json::object();
         const json ring_schedule =
             opt.ring_schedule_ab
-                ? override_ab(gdr::cuda::set_recurrent_ring_schedule_override, "ring items",
+                ? override_ab(setter(&gdr::DecodeOverrides::ring_schedule), "ring items",
                               {{1, "static"}, {2, "dynamic"}, {3, "last"}}, false)
                 : json::object();
         json ring_math = json::object();
         if (opt.ring_math_ab) {  // the ring kernel wherever it applies, its consumers both ways
-          gdr::cuda::set_recurrent_path_override(5);
-          ring_math = override_ab(gdr::cuda::set_recurrent_ring_math_override, "ring consumers",
+          set_kernel(5);
+          ring_math = override_ab(setter(&gdr::DecodeOverrides::ring_math), "ring consumers",
                                   {{1, "tokens"}, {2, "chunk"}}, opt.host_costs);
-          gdr::cuda::set_recurrent_path_override(opt.path);
+          set_kernel(opt.path);
         }
         for (int mode : opt.prefetch_modes)
           std::printf("             prefetch mode %d %9.2f us\n", mode,
-                      time_with(gdr::cuda::set_recurrent_prefetch_override, mode));
+                      time_with(setter(&gdr::DecodeOverrides::prefetch), mode));
         const double us = time_graph(s, sets, st, opt);
         const double copy_us = time_copy_graph(s, sets, st, opt);
         const double gbps = s.bytes() / (us * 1e-6) / 1e9;

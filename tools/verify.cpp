@@ -182,7 +182,7 @@ std::vector<NamedCase> verify_cases() {
         c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
       },
       true);
-  // Shapes that the rules (src/cuda/tuning.h) give the chunk kernel on a GPU of up to 192 SMs
+  // Shapes that the rules (src/cuda/decode/tuning.h) give the chunk kernel on a GPU of up to 192 SMs
   // (k-first fp32 state, Dk = 128, scalar gate, 24 heads >= T x SMs): the CUDA forward and decode
   // rows of these two cases run it.
   auto chunk_kernel_shape = [](Case& c, std::int64_t T, std::int64_t B) {

@@ -10,6 +10,8 @@
 
 namespace gdr {
 
+struct DecodeOverrides;  // gdr/decode_overrides.h
+
 // Options shared by all operations.
 struct Options {
   float scale = 0.0f;  // o_t = scale * S_t^T q_t; 0 means 1/sqrt(Dk)
@@ -107,6 +109,9 @@ struct ExecConfig {
   int chunk_size = 64;     // chunkwise path: 16, 32 or 64
   int num_threads = 0;     // CPU: 0 = OpenMP default
   void* stream = nullptr;  // cudaStream_t for CUDA tensors (nullptr = default stream)
+  // Tests and benchmarks only: forced choices of the CUDA decode plan (gdr/decode_overrides.h),
+  // read by decode and forward on CUDA tensors; nullptr = the rules.
+  const DecodeOverrides* decode_overrides = nullptr;
 };
 
 }  // namespace gdr

@@ -3,6 +3,7 @@
 // value and what is supported.
 #include <string>
 
+#include "core/cuda_support.h"
 #include "core/heuristics.h"
 #include "cpu/paths.h"
 #include "gdr/api.h"
@@ -89,6 +90,7 @@ void forward(const ForwardParams& params, const ExecConfig& config) {
   const Path path = resolve_forward(prob, params.saved, config, op);
   if (prob.device == DeviceType::cuda) {
 #if GDR_WITH_CUDA
+    validate_cuda_forward(prob, params, op);
     cuda::recurrent_forward(prob, params, config);
     return;
 #else
@@ -126,6 +128,7 @@ void decode(const DecodeParams& params, const ExecConfig& config) {
                    " does not apply to decode; supported: automatic, sequential");
   if (prob.device == DeviceType::cuda) {
 #if GDR_WITH_CUDA
+    validate_cuda_decode(prob, params, op);
     cuda::decode(prob, params, config);
     return;
 #else

@@ -66,8 +66,10 @@ class DeviceMirror {
 };
 
 // Runs gdr::forward on device copies of d's tensors (outputs poisoned first) and returns o and
-// the final state as doubles, like run_forward does on the host.
-inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr) {
+// the final state as doubles, like run_forward does on the host; `overrides`: the CUDA plan's
+// (ExecConfig::decode_overrides), null for the rules.
+inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr,
+                                      const DecodeOverrides* overrides = nullptr) {
   d.o.poison();
   if (d.final_state.defined()) d.final_state.poison();
   ForwardParams host = d.forward_params();
@@ -87,6 +89,7 @@ inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr
   p.final_state = m.to_device(host.final_state);
   ExecConfig cfg;
   cfg.stream = stream;
+  cfg.decode_overrides = overrides;
   forward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "forward");
   DeviceMirror::to_host(p.o, host.o);
@@ -115,15 +118,18 @@ inline DecodeParams mirror_decode_params(DeviceMirror& m, const DecodeParams& ho
 }
 
 // Runs gdr::decode on device copies (o poisoned first); returns o and the whole pool after,
-// like run_decode. The pool's raw bytes after the step go to `pool_bytes` when given.
+// like run_decode. The pool's raw bytes after the step go to `pool_bytes` when given; `overrides`
+// as run_forward_cuda's.
 inline ForwardResult run_decode_cuda(DecodeData& d, cudaStream_t stream = nullptr,
-                                     std::vector<unsigned char>* pool_bytes = nullptr) {
+                                     std::vector<unsigned char>* pool_bytes = nullptr,
+                                     const DecodeOverrides* overrides = nullptr) {
   d.base.o.poison();
   DecodeParams host = d.params();
   DeviceMirror m;
   DecodeParams p = mirror_decode_params(m, host);
   ExecConfig cfg;
   cfg.stream = stream;
+  cfg.decode_overrides = overrides;
   decode(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "decode");
   DeviceMirror::to_host(p.o, host.o);

@@ -8,7 +8,8 @@
 // state, aligned rows), the one-token kernel (recurrent_one.cuh), and where it applies (k-first
 // fp32 or bf16 state, Dk = 128, scalar gate) the chunk kernel (recurrent_chunk.cuh) and (1 to 8
 // tokens, 1 to 4 with a per-key gate, k-first fp32 state, Dk = 128, Dv % 128 == 0) the ring kernel
-// (recurrent_ring.cuh), through src/cuda/tuning.h's path override.
+// (recurrent_ring.cuh), through the plan's overrides (gdr/decode_overrides.h) in each call's
+// ExecConfig.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/tuning.h"
+#include "gdr/decode_overrides.h"
 #include "gpu_support.h"
 
 namespace gdr::test {
@@ -40,14 +41,32 @@ Case decode_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t H
   return c;
 }
 
-// Sets one of src/cuda/tuning.h's overrides for its lifetime, then restores the rule (0).
-template <void (*Set)(int)>
+// The plan's overrides that every call of this file passes (ExecConfig::decode_overrides), set by
+// the scopes below for their lifetime; all 0: the rules.
+DecodeOverrides t_overrides;
+
+// The config of a call of this file: the stream and the overrides of the current scopes.
+ExecConfig test_config(cudaStream_t stream = nullptr) {
+  ExecConfig cfg;
+  cfg.stream = stream;
+  cfg.decode_overrides = &t_overrides;
+  return cfg;
+}
+
+// Sets one field of the overrides for its lifetime, then restores it.
 class OverrideScope {
  public:
-  explicit OverrideScope(int value) { Set(value); }
-  ~OverrideScope() { Set(0); }
+  OverrideScope(int DecodeOverrides::*field, int value)
+      : field_(field), saved_(t_overrides.*field) {
+    t_overrides.*field = value;
+  }
+  ~OverrideScope() { t_overrides.*field_ = saved_; }
   OverrideScope(const OverrideScope&) = delete;
   OverrideScope& operator=(const OverrideScope&) = delete;
+
+ private:
+  int DecodeOverrides::*field_;
+  int saved_;
 };
 
 // A non-blocking stream owned for a test's scope.
@@ -67,8 +86,8 @@ class StreamScope {
 
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
-// scalar gate, fp32 or bf16 state with aligned rows), 5 and 6 = the chunk kernel with items of 128
-// and 32 columns, 7 = the chunk kernel with the rule's items and its first state wait early (the
+// scalar gate, fp32 or bf16 state with aligned rows), 5 = the chunk kernel with items of 128
+// columns (6, items of 32 columns, is gone with those items), 7 = the chunk kernel with the rule's items and its first state wait early (the
 // tests' grids take the late wait by the rule), 8 and 9 = the chunk kernel on a grid of 3 blocks
 // (several items per block: the persistent loop of large grids, with each next item's state and
 // tokens copied during the current one) with static and with dynamic items; 10 = the ring kernel
@@ -83,41 +102,41 @@ class StreamScope {
 // ring kernel on 3 blocks, its consumers on one chunk, with dynamic items after the full rounds.
 class PathScope {
  public:
-  explicit PathScope(int path) {
+  explicit PathScope(int path) : saved_(t_overrides) {
     const bool ring_dynamic = path >= 16;
-    cuda::set_recurrent_path_override(
+    DecodeOverrides& o = t_overrides;
+    o.kernel = static_cast<DecodeKernel>(
         ring_dynamic ? 5 : (path == 15 ? 6 : (path >= 10 ? 5 : (path >= 5 ? 4 : path))));
-    cuda::set_recurrent_chunk_columns_override(path == 5 ? 128 : (path == 6 ? 32 : 0));
-    cuda::set_recurrent_chunk_first_override(path == 7 ? 2 : 0);
-    cuda::set_recurrent_chunk_blocks_override(
+    o.chunk_columns = path == 5 ? 128 : 0;
+    o.chunk_first_wait = path == 7 ? 2 : 0;
+    o.persistent_blocks =
         path == 8 || path == 9 || path == 18 ? 3
-                                             : (path == 11 || path == 14 || ring_dynamic ? 2 : 0));
-    cuda::set_recurrent_chunk_schedule_override(path == 8 ? 1 : (path == 9 ? 2 : 0));
-    cuda::set_recurrent_ring_math_override(
-        path == 12 || path == 17 ? 1
-                                 : (path == 13 || path == 14 || path == 16 || path == 18 ? 2 : 0));
-    cuda::set_recurrent_ring_schedule_override(ring_dynamic ? (path == 18 ? 3 : 2) : 1);
+                                             : (path == 11 || path == 14 || ring_dynamic ? 2 : 0);
+    o.chunk_schedule = path == 8 ? 1 : (path == 9 ? 2 : 0);
+    o.ring_math = path == 12 || path == 17
+                      ? 1
+                      : (path == 13 || path == 14 || path == 16 || path == 18 ? 2 : 0);
+    o.ring_schedule = ring_dynamic ? (path == 18 ? 3 : 2) : 1;
   }
-  ~PathScope() {
-    cuda::set_recurrent_ring_schedule_override(0);
-    cuda::set_recurrent_ring_math_override(0);
-    cuda::set_recurrent_path_override(0);
-    cuda::set_recurrent_chunk_columns_override(0);
-    cuda::set_recurrent_chunk_first_override(0);
-    cuda::set_recurrent_chunk_blocks_override(0);
-    cuda::set_recurrent_chunk_schedule_override(0);
-  }
+  ~PathScope() { t_overrides = saved_; }  // scopes end in the reverse order of their start
   PathScope(const PathScope&) = delete;
   PathScope& operator=(const PathScope&) = delete;
+
+ private:
+  DecodeOverrides saved_;
 };
 // The next-wave prefetch: 1 = off, 2 = every block prefetches the next block's state (block 0
 // through the first wave's distance, the others through the half-wave one).
-using PrefetchScope = OverrideScope<cuda::set_recurrent_prefetch_override>;
+struct PrefetchScope : OverrideScope {
+  explicit PrefetchScope(int mode) : OverrideScope(&DecodeOverrides::prefetch, mode) {}
+};
 // The one-token kernel's state loads: 1 = evict-first, 2 = the default cache policy.
-using LoadScope = OverrideScope<cuda::set_recurrent_load_override>;
+struct LoadScope : OverrideScope {
+  explicit LoadScope(int mode) : OverrideScope(&DecodeOverrides::state_loads, mode) {}
+};
 
 // Every path of PathScope (above).
-constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+constexpr int kAllPaths[] = {1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
 
 // The paths every case runs through: all, or those listed in GDR_TEST_PATHS (numbers separated
 // by anything else, e.g. "8" or "4,10", to run one path under compute-sanitizer).
@@ -146,7 +165,6 @@ const char* path_name(int path) {
     case 3: return " [narrow staged path]";
     case 4: return " [chunk path]";
     case 5: return " [chunk path, 128 columns]";
-    case 6: return " [chunk path, 32 columns]";
     case 7: return " [chunk path, early first state wait]";
     case 8: return " [chunk path, 3 blocks, static items]";
     case 9: return " [chunk path, 3 blocks, dynamic items]";
@@ -197,7 +215,7 @@ void check_decode(const Case& c, std::int64_t P = 0, bool indices = false,
     const std::string label =
         describe(d.base.c, d.base.seed) + (indices ? " pool" : "") + path_name(path);
     std::vector<unsigned char> after;
-    const ForwardResult got = run_decode_cuda(d, nullptr, &after);
+    const ForwardResult got = run_decode_cuda(d, nullptr, &after, &t_overrides);
     expect_forward_close(got, ref, forward_tolerance(d.base.c), state_tolerance(d.base.c), label);
     if (!indices) continue;
     const std::size_t row_bytes = before.size() / static_cast<std::size_t>(d.P);
@@ -219,7 +237,7 @@ void check_forward(const Case& c) {
     PathScope scope(path);
     TestData d = problem;  // run_forward_cuda poisons o and the final state before the call
     const std::string label = describe(d.c, d.seed) + path_name(path);
-    const ForwardResult got = run_forward_cuda(d);
+    const ForwardResult got = run_forward_cuda(d, nullptr, &t_overrides);
     expect_forward_close(got, ref, forward_tolerance(d.c), label);
   }
 }
@@ -500,7 +518,7 @@ TEST(CudaDecode, MisalignedPool) {
       cuda_check(cudaMemcpy(raw + 1, host.state.data, bytes, cudaMemcpyHostToDevice), "H2D");
       p.state.data = raw + 1;
       p.state.device = DeviceType::cuda;
-      decode(p);
+      decode(p, test_config());
       cuda_check(cudaDeviceSynchronize(), "decode");
       cuda_check(cudaMemcpy(host.state.data, raw + 1, bytes, cudaMemcpyDeviceToHost), "D2H");
       cudaFree(raw);
@@ -513,7 +531,7 @@ TEST(CudaDecode, MisalignedPool) {
 }
 
 // The ring kernel's chunk consumers move the state and the token rows through tensor maps
-// (decode.cu, encode_state_map: a 5-D box per item, 128-byte swizzle; encode_token_map: a box of
+// (src/cuda/common/tensor_maps.cu, encode_state_map: a 5-D box per item, 128-byte swizzle; encode_token_map: a box of
 // an item's T rows of q, k or v): pools whose key rows are padded by 4 and 8 elements (row
 // strides of 528 and 544 bytes), token rows padded by 8 and 16 elements (strides of 272 and 288
 // bytes, the heads' and tokens' strides then not the dense ones), two items per head (Dv = 256:
@@ -567,8 +585,7 @@ void check_decode_steps(const Case& c, int steps, const std::string& what,
 // (a `run` of check_decode_steps).
 std::function<void(DecodeParams&, cudaStream_t)> decode_chained(int steps) {
   return [steps](DecodeParams& p, cudaStream_t stream) {
-    ExecConfig cfg;
-    cfg.stream = stream;
+    const ExecConfig cfg = test_config(stream);
     for (int i = 0; i < steps; ++i) decode(p, cfg);
     cuda_check(cudaStreamSynchronize(stream), "sync");
   };
@@ -577,8 +594,7 @@ std::function<void(DecodeParams&, cudaStream_t)> decode_chained(int steps) {
 // One decode of p captured on `stream` into a graph, the graph replayed `replays` times, the stream
 // synchronized.
 void replay_captured_decode(DecodeParams& p, cudaStream_t stream, int replays) {
-  ExecConfig cfg;
-  cfg.stream = stream;
+  const ExecConfig cfg = test_config(stream);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
@@ -619,9 +635,7 @@ TEST(CudaDecode, DynamicItemsGraphReplays) {
       c.dtype = DType::bf16;
       check_decode_steps(c, 1 + kReplays, " graph replays" + std::string(path_name(path)),
                          [](DecodeParams& p, cudaStream_t stream) {
-                           ExecConfig cfg;
-                           cfg.stream = stream;
-                           decode(p, cfg);  // eager (and the arena made, if it is not yet)
+                           decode(p, test_config(stream));  // eager (and the arena made, if it is not yet)
                            replay_captured_decode(p, stream, kReplays);
                          });
     }
@@ -637,7 +651,7 @@ TEST(CudaDecode, ChainedStepsDependentLaunch) {
   REQUIRE_GPU();
   constexpr int kSteps = 4;
   for (int mode : {1, 2}) {
-    OverrideScope<cuda::set_recurrent_pdl_override> pdl(mode);
+    OverrideScope pdl(&DecodeOverrides::pdl, mode);
     for (std::int64_t T : {1, 2, 8}) {
       for (int path : kPaths) {
         PathScope scope(path);

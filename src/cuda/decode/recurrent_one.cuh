@@ -16,7 +16,7 @@
 // for itself (v18), so T > 1 stays with recurrent_kernel.
 #pragma once
 
-#include "cuda/recurrent.cuh"
+#include "cuda/decode/recurrent.cuh"
 
 namespace gdr::cuda::detail {
 

@@ -36,7 +36,7 @@
 
 #include <cstdint>
 
-#include "cuda/recurrent_chunk.cuh"
+#include "cuda/decode/recurrent_chunk.cuh"
 
 namespace gdr::cuda::detail {
 

@@ -120,7 +120,7 @@ __device__ __forceinline__ void release_item_counter(const RecurrentArgs& a) {
   }
 }
 
-// Programmatic dependent launch (sm_90; the host sets the launch attribute, decode.cu): waits
+// Programmatic dependent launch (sm_90; the host sets the launch attribute, launch.cu): waits
 // until the grids this one depends on in its stream have completed and their memory is visible,
 // then lets the next grid in the stream launch (its blocks wait here in turn). Every kernel calls
 // it before its first global memory access. Without the attribute both are no-ops.

@@ -58,8 +58,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/mma_tf32.cuh"
-#include "cuda/recurrent.cuh"
+#include "cuda/common/mma_tf32.cuh"
+#include "cuda/decode/recurrent.cuh"
 
 namespace gdr::cuda::detail {
 

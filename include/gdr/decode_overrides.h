@@ -1,0 +1,50 @@
+// Overrides of the CUDA decode plan, for tests and benchmarks (ExecConfig::decode_overrides).
+// The plan (docs/cuda-decode.md §Dispatch table) picks a kernel, its launch shape and schedule by
+// rules measured on the H200; an override forces one choice where it exists and leaves the rules
+// elsewhere. Production calls leave ExecConfig::decode_overrides null. gdr::decode and
+// gdr::forward on CUDA tensors read it (the forward's recurrent path runs the same kernels); the
+// CPU paths ignore it. Not a stable interface: its fields follow the kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace gdr {
+
+// The CUDA decode kernels (docs/cuda-decode.md §Kernels). The values are the benchmark's and the
+// tests' path numbers (bench/cuda_decode --path).
+enum class DecodeKernel : std::uint8_t {
+  automatic = 0,      // the rules
+  staged = 1,         // recurrent.cuh with its usual tile (the one-token kernel for a bf16 pool
+                      //   where that applies: the staged kernel reads a bf16 pool only beyond it)
+  one_token = 2,      // recurrent_one.cuh where it applies, else the staged kernel's usual tile
+  staged_narrow = 3,  // recurrent.cuh with the narrow tile where it exists (k-first, Dk < 256)
+  chunk = 4,          // recurrent_chunk.cuh where it applies, else the staged kernel's usual tile
+  ring = 5,           // recurrent_ring.cuh where it applies, else the rules
+  slice = 6,          // recurrent_slice.cuh where it applies, else the rules
+};
+
+// Each field 0 = the rule; a value outside those listed is ignored (the rule).
+struct DecodeOverrides {
+  DecodeKernel kernel = DecodeKernel::automatic;
+  int warps = 0;              // staged and one-token kernels: 1, 2, 4 or 8 warps per block
+                              //   (where Dv / columns per warp is a multiple of it)
+  int chunk_columns = 0;      // chunk kernel: items of 64 or 128 value columns (128 only where
+                              //   Dv % 128 == 0)
+  int chunk_first_wait = 0;   // chunk kernel: 1 = the first state wait late, 2 = early
+  int chunk_schedule = 0;     // chunk kernel: 1 = static items, 2 = dynamic items
+  int persistent_blocks = 0;  // chunk and ring kernels: at most this many blocks (> 0), so that
+                              //   small problems run several items per block
+  int ring_math = 0;          // ring kernel: 1 = consumers token by token, 2 = on one chunk
+                              //   (tensor cores) wherever that exists (16-bit inputs, scalar gate)
+  int ring_schedule = 0;      // ring kernel: 1 = static items, 2 = dynamic from round 3,
+                              //   3 = dynamic after the full rounds (at least from round 3)
+  int prefetch = 0;           // staged and one-token kernels' next-wave L2 prefetch: 1 = off,
+                              //   2 = every block prefetches its successor's state
+  int state_loads = 0;        // one-token and ring kernels' state loads: 1 = evict-first,
+                              //   2 = the default cache policy
+  int pdl = 0;                // programmatic dependent launches: 1 = off, 2 = on (the rule: on;
+                              //   a launch whose counter pair is zeroed by a memset just before
+                              //   it is launched plainly either way)
+};
+
+}  // namespace gdr

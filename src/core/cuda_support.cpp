@@ -1,0 +1,80 @@
+// What the CUDA paths support beyond the operator's contract (cuda_support.h).
+#include "core/cuda_support.h"
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "gdr/error.h"
+
+namespace gdr {
+namespace {
+
+[[noreturn]] void refuse(const char* op, const std::string& what) {
+  throw InvalidArgument(std::string(op) + ": " + what);
+}
+
+void check_dim(const char* op, const char* name, std::int64_t value) {
+  if (value != 64 && value != 128 && value != 256)
+    refuse(op, std::string(name) + " is " + std::to_string(value) +
+                   "; the CUDA recurrent kernel supports 64, 128, 256");
+}
+
+void check_float_dtype(const char* op, const char* name, const TensorView& t, bool f32_only) {
+  if (!t.defined()) return;
+  const bool ok =
+      t.dtype == DType::f32 || (!f32_only && (t.dtype == DType::f16 || t.dtype == DType::bf16));
+  if (!ok)
+    refuse(op, std::string(name) + " has dtype " + std::string(to_string(t.dtype)) +
+                   (f32_only ? "; on cuda it must be float32"
+                             : "; on cuda supported: float32, float16, bfloat16"));
+}
+
+void check_common(const char* op, const Problem& prob, const TensorView& q, const TensorView& g,
+                  const TensorView& beta, const TensorView& A_log, const TensorView& dt_bias,
+                  const TensorView& mask, const Options& opts) {
+  check_dim(op, "Dk", prob.Dk);
+  check_dim(op, "Dv", prob.Dv);
+  check_float_dtype(op, "q", q, false);
+  check_float_dtype(op, "g", g, false);
+  check_float_dtype(op, "beta", beta, false);
+  if (opts.gate_in_kernel) {
+    if (!A_log.defined()) refuse(op, "gate_in_kernel needs A_log [Hv]");
+    check_float_dtype(op, "A_log", A_log, true);
+    check_float_dtype(op, "dt_bias", dt_bias, true);
+  }
+  if (mask.defined() && mask.dtype != DType::boolean)
+    refuse(op, "mask has dtype " + std::string(to_string(mask.dtype)) + "; must be bool");
+  if (prob.Hv > INT_MAX / 2) refuse(op, "Hv is " + std::to_string(prob.Hv) + "; too large");
+}
+
+}  // namespace
+
+void validate_cuda_decode(const Problem& prob, const DecodeParams& p, const char* op) {
+  check_common(op, prob, p.q, p.g, p.beta, p.A_log, p.dt_bias, p.mask, p.opts);
+  if (p.state.dtype != DType::f32 && p.state.dtype != DType::bf16)
+    refuse(op, "state has dtype " + std::string(to_string(p.state.dtype)) +
+                   "; on cuda supported: float32, bfloat16");
+  if (p.state_indices.defined() && p.state_indices.dtype != DType::i32 &&
+      p.state_indices.dtype != DType::i64)
+    refuse(op, "state_indices has dtype " + std::string(to_string(p.state_indices.dtype)) +
+                   "; must be int32 or int64");
+  if (prob.B == 0 || prob.T == 0 || prob.Hv == 0) return;  // nothing runs
+  if (p.state_indices.defined() && p.state_indices.stride[0] != 1)
+    refuse(op, "state_indices must be contiguous");
+}
+
+void validate_cuda_forward(const Problem& prob, const ForwardParams& p, const char* op) {
+  const Inputs& in = p.in;
+  check_common(op, prob, in.q, in.g, in.beta, in.A_log, in.dt_bias, in.mask, p.opts);
+  if (in.h0.defined() && in.h0.dtype != DType::f32) refuse(op, "h0 must be float32");
+  if (p.final_state.defined() && p.final_state.dtype != DType::f32)
+    refuse(op, "final_state must be float32");
+  if (prob.N == 0 || prob.Hv == 0 || !prob.varlen) return;  // nothing runs, or no cu_seqlens
+  // The launcher copies a device cu_seqlens to the host to check its values.
+  if (in.cu_seqlens.stride[0] != 1) refuse(op, "cu_seqlens must be contiguous");
+  if (in.cu_seqlens.device != DeviceType::cuda)
+    refuse(op, "cu_seqlens is on the cpu while the other tensors are on cuda");
+}
+
+}  // namespace gdr
