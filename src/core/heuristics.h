@@ -42,4 +42,14 @@ inline Path cpu_backward_path(const Problem& prob) {
                                                                       : Path::chunkwise;
 }
 
+// CUDA forward: above this many tokens per sequence the chunked forward (src/cuda/chunked/)
+// runs, at or below it the recurrent kernel. Not yet measured: 64, one chunk, until the
+// crossover is measured with bench/cuda_chunked.py (docs/cuda-chunked.md).
+inline constexpr std::int64_t kCudaRecurrentMaxTokens = 64;
+
+inline Path cuda_forward_path(const Problem& prob) {
+  return tokens_per_sequence(prob) <= kCudaRecurrentMaxTokens ? Path::sequential
+                                                                : Path::chunkwise;
+}
+
 }  // namespace gdr::heuristics
