@@ -22,8 +22,6 @@ using chunked::ChunkArgs;
 using chunked::kC;
 using chunked::kThreads;
 
-constexpr std::size_t kMaxSmem = 227 * 1024;  // sm_90 opt-in shared memory per block
-
 // The next three helpers are copies of decode.cu's (to be shared from src/cuda/common/).
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
@@ -86,13 +84,11 @@ void launch_prep(const ChunkArgs& a, cudaStream_t stream, const char* op) {
 template <int BV, bool X3>
 void launch_state(const ChunkArgs& a, cudaStream_t stream, const char* op) {
   const auto kernel = chunked::state_pass_kernel<BV, X3>;
-  // Three staging buffers (the next chunk's copies overlap this chunk's products) where they fit.
-  const bool pipe = chunked::state_smem_bytes(a.Dk, BV, true) <= kMaxSmem;
-  const std::size_t smem = chunked::state_smem_bytes(a.Dk, BV, pipe);
+  const std::size_t smem = chunked::state_smem_bytes(a.Dk, BV);
   allow_smem(reinterpret_cast<const void*>(kernel), smem, op);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / BV)),
-           kThreads, smem, stream>>>(a, pipe);
+           kThreads, smem, stream>>>(a);
   check(cudaGetLastError(), op, "state_pass_kernel launch");
 }
 
@@ -226,7 +222,7 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
       else
         x3 ? launch_prep<false, true>(a, stream, op) : launch_prep<false, false>(a, stream, op);
     }
-    // 64 value columns per block once that gives at least two waves of blocks, else 32.
+    // 64 value columns per block once there are at least two blocks per SM that way, else 32.
     const bool wide = prob.N * prob.Hv * (prob.Dv / 64) >= 264;
     if (wide)
       x3 ? launch_state<64, true>(a, stream, op) : launch_state<64, false>(a, stream, op);

@@ -128,36 +128,25 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
   __syncthreads();
-  // q, k rows (zero past the chunk and at masked positions) and the raw log decays; 4 elements
-  // per thread loaded before any is stored (independent loads in flight).
-  for (int base = tid; base < kC * Dk; base += 4 * kThreads) {
-    float kv[4], qv[4], gv[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int e = base + u * kThreads;
-      const int r = e / Dk, i = e - r * Dk;
-      kv[u] = qv[u] = gv[u] = 0.f;
-      if (e < kC * Dk && sValid[r] != 0.f) {
-        const std::int64_t t = t0 + r;
-        kv[u] = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
-        qv[u] = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
-        if constexpr (PerKey)
-          gv[u] = load_as_float(a.g, seq.b * a.g_sb + t * a.g_st + h * a.g_sh + i, a.g_dtype);
-      }
+  // q, k rows (zero past the chunk and at masked positions) and the raw log decays.
+  for (int e = tid; e < kC * Dk; e += kThreads) {
+    const int r = e / Dk, i = e - r * Dk;
+    float kv = 0.f, qv = 0.f;
+    if (sValid[r] != 0.f) {
+      const std::int64_t t = t0 + r;
+      kv = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
+      qv = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int e = base + u * kThreads;
-      if (e >= kC * Dk) continue;
-      const int r = e / Dk, i = e - r * Dk;
-      sK[r * ld + i] = kv[u];
-      sQ[r * ld + i] = qv[u];
-      if constexpr (PerKey) {
-        float x = gv[u];
-        if (a.gate_in_kernel && sValid[r] != 0.f)
-          x = negA * softplus(x + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
-        sG[r * Dk + i] = x;
+    sK[r * ld + i] = kv;
+    sQ[r * ld + i] = qv;
+    if constexpr (PerKey) {
+      float gv = 0.f;
+      if (sValid[r] != 0.f) {
+        gv = load_as_float(a.g, seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh + i, a.g_dtype);
+        if (a.gate_in_kernel)
+          gv = negA * softplus(gv + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
       }
+      sG[r * Dk + i] = gv;
     }
   }
   if constexpr (!PerKey) {
@@ -316,23 +305,13 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
   }
   __syncthreads();
-  for (int base = tid; base < kC * Dv; base += 4 * kThreads) {
-    float vv[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int e = base + u * kThreads;
-      const int r = e / Dv, j = e - r * Dv;
-      vv[u] = 0.f;
-      if (e < kC * Dv && sValid[r] != 0.f)
-        vv[u] = load_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int e = base + u * kThreads;
-      if (e >= kC * Dv) continue;
-      const int r = e / Dv, j = e - r * Dv;
-      sK[r * ld + j] = sBeta[r] * vv[u];
-    }
+  for (int e = tid; e < kC * Dv; e += kThreads) {
+    const int r = e / Dv, j = e - r * Dv;
+    float vv = 0.f;
+    if (sValid[r] != 0.f)
+      vv = sBeta[r] *
+           load_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype);
+    sK[r * ld + j] = vv;
   }
   __syncthreads();
   {
@@ -355,37 +334,32 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
 }
 
-// Shared memory of state_pass_kernel, in floats: sS [Dk][BV + 8], X buffers [C][Dk + 4] (three
-// with `pipe`: W, Qs, Kd of a chunk each in its own, the next chunk's copy issued as soon as one is
-// consumed; else one, W, Qs and Kd in turn), sU [C][BV + 8], sP [C][68], gn [Dk].
-inline std::size_t state_smem_bytes(int Dk, int BV, bool pipe) {
-  return sizeof(float) *
-         (Dk * (BV + 8) + (pipe ? 3 : 1) * kC * (Dk + 4) + kC * (BV + 8) + kC * 68 + Dk);
+// Shared memory of state_pass_kernel, in floats: sS [Dk][BV + 8], sX [C][Dk + 4], sU [C][BV + 8],
+// sP [C][68], gn [Dk].
+inline std::size_t state_smem_bytes(int Dk, int BV) {
+  return sizeof(float) * (Dk * (BV + 8) + kC * (Dk + 4) + kC * (BV + 8) + kC * 68 + Dk);
 }
 
-// Issues cp.async copies of rows [C][width] (row stride src_ld floats in global memory) into
-// shared rows of stride ld (16-byte units; completion: cp_async_wait_all + a barrier).
-__device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, std::int64_t src_ld,
-                                          int width) {
+// Copies rows [C][width] (row stride width in global memory) into shared rows of stride ld.
+__device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int width) {
   const int w4 = width / 4;
   for (int e = threadIdx.x; e < kC * w4; e += kThreads) {
     const int r = e / w4, i = e - r * w4;
-    detail::cp_async16(dst + r * ld + 4 * i, src + r * src_ld + 4 * i);
+    *reinterpret_cast<float4*>(dst + r * ld + 4 * i) =
+        *reinterpret_cast<const float4*>(src + std::int64_t(r) * width + 4 * i);
   }
 }
 
 template <int BV, bool X3>
-__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool pipe) {
+__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
   constexpr int ldS = BV + 8, ldU = BV + 8, ldP = 68;
   const int ldX = Dk + 4;
   float* sS = smem;
-  float* sW = sS + Dk * ldS;
-  float* sQ = pipe ? sW + kC * ldX : sW;
-  float* sKd = pipe ? sQ + kC * ldX : sW;
-  float* sU = (pipe ? sKd : sW) + kC * ldX;
+  float* sX = sS + Dk * ldS;
+  float* sU = sX + kC * ldX;
   float* sP = sU + kC * ldU;
   float* sgn = sP + kC * ldP;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -394,16 +368,8 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
   const SeqInfo seq = seq_info(a, n);
-  auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
-  auto issue_W = [&](std::int64_t c) { copy_rows(sW, ldX, a.W + item(c) * kC * Dk, Dk, Dk); };
-  auto issue_Q = [&](std::int64_t c) { copy_rows(sQ, ldX, a.Qs + item(c) * kC * Dk, Dk, Dk); };
-  auto issue_K = [&](std::int64_t c) { copy_rows(sKd, ldX, a.Kd + item(c) * kC * Dk, Dk, Dk); };
-  auto issue_U = [&](std::int64_t c) {
-    copy_rows(sU, ldU, a.U + item(c) * kC * Dv + col0, Dv, BV);
-  };
-  auto issue_P = [&](std::int64_t c) { copy_rows(sP, ldP, a.P + item(c) * kC * kC, kC, kC); };
 
-  // S from h0 (or zeros); the first chunk's copies.
+  // S from h0 (or zeros).
   for (int e = tid; e < Dk * BV; e += kThreads) {
     const int i = e / BV, j = e - i * BV;
     float s = 0.f;
@@ -413,29 +379,11 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
     }
     sS[i * ldS + j] = s;
   }
-  if (seq.chunks > 0) {
-    issue_W(0);
-    if (pipe) {
-      issue_Q(0);
-      issue_K(0);
-    }
-    issue_U(0);
-    issue_P(0);
-    detail::cp_async_commit();
-  }
+  __syncthreads();
 
   for (std::int64_t c = 0; c < seq.chunks; ++c) {
     const std::int64_t slot = seq.slot0 + c;
-    const std::int64_t pidx = item(c);
-    const bool more = c + 1 < seq.chunks;
-    if (a.per_key) {
-      for (int i = tid; i < Dk; i += kThreads) sgn[i] = a.gn[pidx * Dk + i];
-    } else {
-      const float gv = a.gn[pidx];
-      for (int i = tid; i < Dk; i += kThreads) sgn[i] = gv;
-    }
-    detail::cp_async_wait_all();
-    __syncthreads();
+    const std::int64_t pidx = slot * a.Hv + h;
     if (a.saved) {
       float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
       for (int e = tid; e < Dk * BV; e += kThreads) {
@@ -443,13 +391,31 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
         rec[std::int64_t(i) * Dv + col0 + j] = sS[i * ldS + j];
       }
     }
+    load_rows(sX, ldX, a.W + pidx * kC * Dk, Dk);
+    {
+      const float* Ug = a.U + pidx * kC * Dv + col0;
+      constexpr int w4 = BV / 4;
+      for (int e = tid; e < kC * w4; e += kThreads) {
+        const int r = e / w4, i = e - r * w4;
+        *reinterpret_cast<float4*>(sU + r * ldU + 4 * i) =
+            *reinterpret_cast<const float4*>(Ug + std::int64_t(r) * Dv + 4 * i);
+      }
+    }
+    load_rows(sP, ldP, a.P + pidx * kC * kC, kC);
+    if (a.per_key) {
+      for (int i = tid; i < Dk; i += kThreads) sgn[i] = a.gn[pidx * Dk + i];
+    } else {
+      const float gv = a.gn[pidx];
+      for (int i = tid; i < Dk; i += kThreads) sgn[i] = gv;
+    }
+    __syncthreads();
     // Vnew = U - W S: tiles 16 x 16 of [C, BV].
     constexpr int vtiles = 4 * (BV / 16);
     for (int t = warp; t < vtiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
       float acc[2][4] = {};
       mma_tile<2, X3>(
-          acc, Dk, [&](int i, int k) { return sW[(r0 + i) * ldX + k]; },
+          acc, Dk, [&](int i, int k) { return sX[(r0 + i) * ldX + k]; },
           [&](int k, int j) { return sS[k * ldS + j0 + j]; });
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -460,16 +426,8 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
         }
     }
     __syncthreads();
-    if (pipe) {
-      if (more) issue_W(c + 1);
-    } else {
-      issue_Q(c);
-    }
-    detail::cp_async_commit();
-    if (!pipe) {
-      detail::cp_async_wait_all();
-      __syncthreads();
-    }
+    load_rows(sX, ldX, a.Qs + pidx * kC * Dk, Dk);
+    __syncthreads();
     // O = Qs S + P Vnew, rows < len written.
     const std::int64_t t0 = seq.bos + c * kC;
     const std::int64_t rem = seq.len - c * kC;
@@ -478,7 +436,7 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
       const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
       float acc[2][4] = {};
       mma_tile<2, X3>(
-          acc, Dk, [&](int i, int k) { return sQ[(r0 + i) * ldX + k]; },
+          acc, Dk, [&](int i, int k) { return sX[(r0 + i) * ldX + k]; },
           [&](int k, int j) { return sS[k * ldS + j0 + j]; });
       mma_tile<2, X3>(
           acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
@@ -494,17 +452,8 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
         }
     }
     __syncthreads();
-    if (more) issue_P(c + 1);
-    if (pipe) {
-      if (more) issue_Q(c + 1);
-    } else {
-      issue_K(c);
-    }
-    detail::cp_async_commit();
-    if (!pipe) {
-      detail::cp_async_wait_all();
-      __syncthreads();
-    }
+    load_rows(sX, ldX, a.Kd + pidx * kC * Dk, Dk);
+    __syncthreads();
     // S <- diag(gn) S + Kd^T Vnew: tiles 16 x 16 of [Dk, BV].
     const int stiles = (Dk / 16) * (BV / 16);
     for (int t = warp; t < stiles; t += kThreads / 32) {
@@ -518,7 +467,7 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
           acc[nt][e] = sgn[i] * sS[i * ldS + j];
         }
       mma_tile<2, X3>(
-          acc, kC, [&](int i, int k) { return sKd[k * ldX + i0 + i]; },
+          acc, kC, [&](int i, int k) { return sX[k * ldX + i0 + i]; },
           [&](int k, int j) { return sU[k * ldU + j0 + j]; });
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -529,14 +478,6 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, bool 
         }
     }
     __syncthreads();
-    if (more) {
-      issue_U(c + 1);
-      if (pipe)
-        issue_K(c + 1);
-      else
-        issue_W(c + 1);
-      detail::cp_async_commit();
-    }
   }
   if (a.hout) {
     for (int e = tid; e < Dk * BV; e += kThreads) {
