@@ -66,8 +66,10 @@ class DeviceMirror {
 };
 
 // Runs gdr::forward on device copies of d's tensors (outputs poisoned first) and returns o and
-// the final state as doubles, like run_forward does on the host.
-inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr) {
+// the final state as doubles, like run_forward does on the host. `path`: sequential (the recurrent
+// kernel), chunkwise (the chunked forward) or automatic.
+inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr,
+                                      Path path = Path::sequential) {
   d.o.poison();
   if (d.final_state.defined()) d.final_state.poison();
   ForwardParams host = d.forward_params();
@@ -87,6 +89,7 @@ inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr
   p.final_state = m.to_device(host.final_state);
   ExecConfig cfg;
   cfg.stream = stream;
+  cfg.path = path;
   forward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "forward");
   DeviceMirror::to_host(p.o, host.o);
