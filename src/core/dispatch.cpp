@@ -38,12 +38,14 @@ void check_config(const ExecConfig& config, const char* op) {
 Path resolve_saved(const Problem& prob, const TensorView& saved, const ExecConfig& config,
                    const char* op, const char* role, bool forward) {
   if (prob.device != DeviceType::cpu && !forward)
-    refuse(op, "saved is given but the tensors are on cuda; saved is read by the CPU chunkwise "
-               "backward only (leave it out on cuda)");
+    refuse(op,
+           "saved is given but the tensors are on cuda; saved is read by the CPU chunkwise "
+           "backward only (leave it out on cuda)");
   validate_saved(prob, saved, config.chunk_size, op);
   if (prob.device != DeviceType::cpu && saved.shape[2] != prob.Dk * prob.Dv)
-    refuse(op, "saved holds chunk intermediates but the tensors are on cuda; the CUDA chunked "
-               "forward keeps chunk states only (SavedContent::chunk_states)");
+    refuse(op,
+           "saved holds chunk intermediates but the tensors are on cuda; the CUDA chunked "
+           "forward keeps chunk states only (SavedContent::chunk_states)");
   if (config.path != Path::automatic && config.path != Path::chunkwise)
     refuse(op, "saved is given with path " + std::string(to_string(config.path)) + "; saved is " +
                    role + " by the chunkwise path only (use chunkwise or automatic, or leave " +
