@@ -297,7 +297,7 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
       "gdr verify: seed %llu, paths sequential, chunkwise, chunkwise with saved chunk "
       "states, decode%s vs reference (float64)\n",
       static_cast<unsigned long long>(base),
-      gpu ? ", cuda (recurrent kernel), cuda decode"
+      gpu ? ", cuda (recurrent kernel), cuda chunked, cuda decode"
           : (cuda_available() ? " (CUDA build, no GPU: cuda paths not run)" : ""));
   std::printf("%-32s %-11s %-4s %-12s %-9s %-9s %s\n", "case", "path", "dir", "worst", "error",
               "bound", "status");
@@ -393,6 +393,11 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
       Row f = make_row("cuda", "fwd", test::forward_tolerance(c));
       guarded(f, [&] { grade(f, test::fields(test::run_forward_cuda(d), fref)); });
       emit(f);
+      Row fc = make_row("cuda chunked", "fwd", test::forward_tolerance(c));
+      guarded(fc, [&] {
+        grade(fc, test::fields(test::run_forward_cuda(d, nullptr, Path::chunkwise), fref));
+      });
+      emit(fc);
       if (nc.decode)
         decode_row("cuda decode", [](test::DecodeData& dd) { return test::run_decode_cuda(dd); });
     }

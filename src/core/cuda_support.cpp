@@ -14,10 +14,10 @@ namespace {
   throw InvalidArgument(std::string(op) + ": " + what);
 }
 
-void check_dim(const char* op, const char* name, std::int64_t value) {
+void check_dim(const char* op, const char* name, std::int64_t value, const char* path) {
   if (value != 64 && value != 128 && value != 256)
-    refuse(op, std::string(name) + " is " + std::to_string(value) +
-                   "; the CUDA recurrent kernel supports 64, 128, 256");
+    refuse(op, std::string(name) + " is " + std::to_string(value) + "; the CUDA " + path +
+                   " supports 64, 128, 256");
 }
 
 void check_float_dtype(const char* op, const char* name, const TensorView& t, bool f32_only) {
@@ -32,9 +32,9 @@ void check_float_dtype(const char* op, const char* name, const TensorView& t, bo
 
 void check_common(const char* op, const Problem& prob, const TensorView& q, const TensorView& g,
                   const TensorView& beta, const TensorView& A_log, const TensorView& dt_bias,
-                  const TensorView& mask, const Options& opts) {
-  check_dim(op, "Dk", prob.Dk);
-  check_dim(op, "Dv", prob.Dv);
+                  const TensorView& mask, const Options& opts, const char* path) {
+  check_dim(op, "Dk", prob.Dk, path);
+  check_dim(op, "Dv", prob.Dv, path);
   check_float_dtype(op, "q", q, false);
   check_float_dtype(op, "g", g, false);
   check_float_dtype(op, "beta", beta, false);
@@ -51,7 +51,7 @@ void check_common(const char* op, const Problem& prob, const TensorView& q, cons
 }  // namespace
 
 void validate_cuda_decode(const Problem& prob, const DecodeParams& p, const char* op) {
-  check_common(op, prob, p.q, p.g, p.beta, p.A_log, p.dt_bias, p.mask, p.opts);
+  check_common(op, prob, p.q, p.g, p.beta, p.A_log, p.dt_bias, p.mask, p.opts, "recurrent kernel");
   if (p.state.dtype != DType::f32 && p.state.dtype != DType::bf16)
     refuse(op, "state has dtype " + std::string(to_string(p.state.dtype)) +
                    "; on cuda supported: float32, bfloat16");
@@ -64,14 +64,24 @@ void validate_cuda_decode(const Problem& prob, const DecodeParams& p, const char
     refuse(op, "state_indices must be contiguous");
 }
 
-void validate_cuda_forward(const Problem& prob, const ForwardParams& p, const char* op) {
+void validate_cuda_forward(const Problem& prob, const ForwardParams& p, Path path,
+                           const ExecConfig& config, const char* op) {
   const Inputs& in = p.in;
-  check_common(op, prob, in.q, in.g, in.beta, in.A_log, in.dt_bias, in.mask, p.opts);
+  const bool chunked = path == Path::chunkwise;
+  check_common(op, prob, in.q, in.g, in.beta, in.A_log, in.dt_bias, in.mask, p.opts,
+               chunked ? "chunked forward" : "recurrent kernel");
+  if (chunked && config.chunk_size != 64)
+    refuse(op, "chunk_size is " + std::to_string(config.chunk_size) +
+                   "; the CUDA chunked forward runs chunks of 64");
+  if (chunked && prob.Hv > 65535)
+    refuse(op,
+           "Hv is " + std::to_string(prob.Hv) + "; the CUDA chunked forward supports Hv <= 65535");
   if (in.h0.defined() && in.h0.dtype != DType::f32) refuse(op, "h0 must be float32");
   if (p.final_state.defined() && p.final_state.dtype != DType::f32)
     refuse(op, "final_state must be float32");
   if (prob.N == 0 || prob.Hv == 0 || !prob.varlen) return;  // nothing runs, or no cu_seqlens
-  // The launcher copies a device cu_seqlens to the host to check its values.
+  // The recurrent launcher copies a device cu_seqlens to the host to check its values; the chunked
+  // forward reads it on the device only.
   if (in.cu_seqlens.stride[0] != 1) refuse(op, "cu_seqlens must be contiguous");
   if (in.cu_seqlens.device != DeviceType::cuda)
     refuse(op, "cu_seqlens is on the cpu while the other tensors are on cuda");

@@ -11,6 +11,8 @@
 namespace gdr {
 
 void validate_cuda_decode(const Problem& prob, const DecodeParams& p, const char* op);
-void validate_cuda_forward(const Problem& prob, const ForwardParams& p, const char* op);
+// `path`: sequential (the recurrent kernel) or chunkwise (the chunked forward), as resolved.
+void validate_cuda_forward(const Problem& prob, const ForwardParams& p, Path path,
+                           const ExecConfig& config, const char* op);
 
 }  // namespace gdr

@@ -33,14 +33,20 @@ void check_config(const ExecConfig& config, const char* op) {
 }
 #endif
 
-// `saved` (ForwardParams::saved / BackwardParams::saved) is written and read by the CPU
-// chunkwise path only: with it, automatic resolves to chunkwise and any other path is refused.
+// `saved` (ForwardParams::saved / BackwardParams::saved) is written by the chunkwise forward
+// (CPU: either content; CUDA: chunk states only) and read by the CPU chunkwise backward: with it,
+// automatic resolves to chunkwise and any other path is refused.
 Path resolve_saved(const Problem& prob, const TensorView& saved, const ExecConfig& config,
-                   const char* op, const char* role) {
-  if (prob.device != DeviceType::cpu)
-    refuse(op, "saved is given but the tensors are on cuda; saved is " + std::string(role) +
-                   " by the CPU chunkwise path only (leave it out on cuda)");
+                   const char* op, const char* role, bool forward) {
+  if (prob.device != DeviceType::cpu && !forward)
+    refuse(op,
+           "saved is given but the tensors are on cuda; saved is read by the CPU chunkwise "
+           "backward only (leave it out on cuda)");
   validate_saved(prob, saved, config.chunk_size, op);
+  if (prob.device != DeviceType::cpu && saved.shape[2] != prob.Dk * prob.Dv)
+    refuse(op,
+           "saved holds chunk intermediates but the tensors are on cuda; the CUDA chunked "
+           "forward keeps chunk states only (SavedContent::chunk_states)");
   if (config.path != Path::automatic && config.path != Path::chunkwise)
     refuse(op, "saved is given with path " + std::string(to_string(config.path)) + "; saved is " +
                    role + " by the chunkwise path only (use chunkwise or automatic, or leave " +
@@ -51,16 +57,21 @@ Path resolve_saved(const Problem& prob, const TensorView& saved, const ExecConfi
 Path resolve_forward(const Problem& prob, const TensorView& saved, const ExecConfig& config,
                      const char* op) {
   check_config(config, op);
-  if (saved.defined()) return resolve_saved(prob, saved, config, op, "written");
+  if (saved.defined()) return resolve_saved(prob, saved, config, op, "written", true);
   if (prob.device == DeviceType::cpu)
     return config.path == Path::automatic ? heuristics::cpu_forward_path(prob) : config.path;
-  // CUDA: the recurrent kernel covers every forward call.
+  // CUDA: the recurrent kernel (sequential) or the chunked forward (chunkwise).
   switch (config.path) {
     case Path::automatic:
+      return config.chunk_size == heuristics::kDefaultChunk ? heuristics::cuda_forward_path(prob)
+                                                            : Path::sequential;
     case Path::sequential: return Path::sequential;
-    case Path::reference: refuse(op, "path reference runs on the CPU only; tensors are on cuda");
     case Path::chunkwise:
-      refuse(op, "path chunkwise is not available on cuda yet; supported there: sequential");
+      if (config.chunk_size != heuristics::kDefaultChunk)
+        refuse(op, "chunk_size is " + std::to_string(config.chunk_size) +
+                       "; the CUDA chunked forward runs chunks of 64");
+      return Path::chunkwise;
+    case Path::reference: refuse(op, "path reference runs on the CPU only; tensors are on cuda");
   }
   refuse(op, "unknown path");
 }
@@ -70,7 +81,7 @@ Path resolve_backward(const Problem& prob, const TensorView& saved, const ExecCo
   check_config(config, op);
   if (prob.device == DeviceType::cuda)
     refuse(op, "backward on cuda is not available yet; move the tensors to the cpu");
-  if (saved.defined()) return resolve_saved(prob, saved, config, op, "read");
+  if (saved.defined()) return resolve_saved(prob, saved, config, op, "read", false);
   return config.path == Path::automatic ? heuristics::cpu_backward_path(prob) : config.path;
 }
 
@@ -90,8 +101,11 @@ void forward(const ForwardParams& params, const ExecConfig& config) {
   const Path path = resolve_forward(prob, params.saved, config, op);
   if (prob.device == DeviceType::cuda) {
 #if GDR_WITH_CUDA
-    validate_cuda_forward(prob, params, op);
-    cuda::recurrent_forward(prob, params, config);
+    validate_cuda_forward(prob, params, path, config, op);
+    if (path == Path::chunkwise)
+      cuda::chunked_forward(prob, params, config);
+    else
+      cuda::recurrent_forward(prob, params, config);
     return;
 #else
     no_cuda(op);

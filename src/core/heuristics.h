@@ -42,4 +42,23 @@ inline Path cpu_backward_path(const Problem& prob) {
                                                                       : Path::chunkwise;
 }
 
+// CUDA forward: the chunked forward (src/cuda/chunked/) for few sequences (N Hv <= 64 value-head
+// rows) of more than 64 tokens, the recurrent kernel otherwise. Measured (bf16, Hk/Hv = 16/32,
+// Dk = Dv = 128; bench/results/2026-12-05-chunk-fwd.json for the chunked times, on an H100; the
+// recurrent times are issue 45's, on an H200, so the comparison is across cards): B = 1,
+// T = 4096: chunked 2.03 ms vs recurrent 2.44 ms; B = 1, T = 16384: 8.0 vs ~9.2 ms; B = 8,
+// T = 4096: chunked 12.6 ms vs recurrent ~5.4 ms (the recurrent kernel fills the chip with 256
+// rows, the first chunked kernels are latency-bound: docs/cuda-chunked.md). The token bound (one
+// chunk) is not measured yet (bench/cuda_chunked.py --crossover); re-measure both when the
+// chunked kernels change.
+inline constexpr std::int64_t kCudaRecurrentMaxTokens = 64;
+inline constexpr std::int64_t kCudaChunkedMaxRows = 64;
+
+inline Path cuda_forward_path(const Problem& prob) {
+  return tokens_per_sequence(prob) > kCudaRecurrentMaxTokens &&
+                 prob.N * prob.Hv <= kCudaChunkedMaxRows
+             ? Path::chunkwise
+             : Path::sequential;
+}
+
 }  // namespace gdr::heuristics

@@ -15,4 +15,8 @@ namespace gdr::cuda {
 void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config);
 void recurrent_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config);
 
+// Chunked forward (docs/operator.md §3, C = 64; docs/cuda-chunked.md): any T, varlen without a
+// host synchronisation, both gate kinds, writes ForwardParams::saved's chunk states when given.
+void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config);
+
 }  // namespace gdr::cuda

@@ -310,8 +310,22 @@ TEST(CudaSupport, Messages) {
   ForwardParams f;
   f.in.q = p.q;
   f.in.h0 = TensorView::contiguous(&x, DType::bf16, {1, 2, 128, 128}, DeviceType::cuda);
-  EXPECT_EQ(refusal([&] { validate_cuda_forward(cuda_problem(128), f, "gdr.forward"); }),
+  const ExecConfig config;
+  EXPECT_EQ(refusal([&] {
+              validate_cuda_forward(cuda_problem(128), f, Path::sequential, config, "gdr.forward");
+            }),
             "gdr.forward: h0 must be float32");
+  f.in.h0 = TensorView{};
+  EXPECT_EQ(refusal([&] {
+              validate_cuda_forward(cuda_problem(96), f, Path::chunkwise, config, "gdr.forward");
+            }),
+            "gdr.forward: Dk is 96; the CUDA chunked forward supports 64, 128, 256");
+  ExecConfig chunk32;
+  chunk32.chunk_size = 32;
+  EXPECT_EQ(refusal([&] {
+              validate_cuda_forward(cuda_problem(128), f, Path::chunkwise, chunk32, "gdr.forward");
+            }),
+            "gdr.forward: chunk_size is 32; the CUDA chunked forward runs chunks of 64");
 }
 
 }  // namespace

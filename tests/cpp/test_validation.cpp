@@ -582,7 +582,8 @@ TEST_F(Validation, SavedForBackward) {
     }
     view = TensorView{};
   }
-  // Tensors on cuda: refused whatever the build (only the CPU chunkwise path writes it).
+  // Tensors on cuda: chunk intermediates refused whatever the build (the CUDA chunked forward
+  // writes chunk states only).
   ForwardParams on_cuda = fp;
   on_cuda.saved = saved.view();
   for (TensorView* t :
@@ -590,8 +591,8 @@ TEST_F(Validation, SavedForBackward) {
         &on_cuda.in.h0, &on_cuda.o, &on_cuda.final_state, &on_cuda.saved})
     t->device = DeviceType::cuda;
   expect_invalid([&] { gdr::forward(on_cuda); },
-                 {"gdr.forward: saved is given but the tensors are on cuda; saved is written by "
-                  "the CPU chunkwise path only"});
+                 {"gdr.forward: saved holds chunk intermediates but the tensors are on cuda; the "
+                  "CUDA chunked forward keeps chunk states only"});
   // float64 inputs keep float64 records.
   Case c64 = c;
   c64.dtype = DType::f64;

@@ -66,9 +66,11 @@ class DeviceMirror {
 };
 
 // Runs gdr::forward on device copies of d's tensors (outputs poisoned first) and returns o and
-// the final state as doubles, like run_forward does on the host; `overrides`: the CUDA plan's
+// the final state as doubles, like run_forward does on the host. `path`: sequential (the recurrent
+// kernel), chunkwise (the chunked forward) or automatic; `overrides`: the decode plan's
 // (ExecConfig::decode_overrides), null for the rules.
 inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr,
+                                      Path path = Path::sequential,
                                       const DecodeOverrides* overrides = nullptr) {
   d.o.poison();
   if (d.final_state.defined()) d.final_state.poison();
@@ -89,6 +91,7 @@ inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr
   p.final_state = m.to_device(host.final_state);
   ExecConfig cfg;
   cfg.stream = stream;
+  cfg.path = path;
   cfg.decode_overrides = overrides;
   forward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "forward");

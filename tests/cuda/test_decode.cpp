@@ -237,7 +237,7 @@ void check_forward(const Case& c) {
     PathScope scope(path);
     TestData d = problem;  // run_forward_cuda poisons o and the final state before the call
     const std::string label = describe(d.c, d.seed) + path_name(path);
-    const ForwardResult got = run_forward_cuda(d, nullptr, &t_overrides);
+    const ForwardResult got = run_forward_cuda(d, nullptr, Path::sequential, &t_overrides);
     expect_forward_close(got, ref, forward_tolerance(d.c), label);
   }
 }

@@ -1,0 +1,161 @@
+// gdr alone, no Python: times gdr::forward on CUDA tensors with the chunked forward
+// (Path::chunkwise) and, with --crossover, the recurrent kernel (Path::sequential) against it at
+// short lengths. bf16 q, k (unit rows), v drawn on the GPU; fp32 g = -0.2 U(0,1) ([B, T, Hv] or
+// [B, T, Hv, Dk]), beta U(0,1); fp32 h0 and final state. CUDA events around each call, warm-up,
+// median of --reps. One JSON object per line on stdout. (bench/cuda_chunked.py times gdr and FLA
+// side by side through torch; this program needs only the C++ build.)
+//   cuda_chunked_time [--reps N] [--crossover]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda_fill.h"
+#include "gdr/gdr.h"
+
+namespace {
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Shape {
+  std::int64_t B, T, Hk, Hv;
+  bool per_key;
+  std::vector<std::int64_t> seqlens;  // varlen when not empty (B = 1)
+};
+
+double time_forward(const Shape& s, gdr::Path path, int reps, bool* ok) {
+  using gdr::DType;
+  const std::int64_t D = 128, B = s.B, T = s.T, Hk = s.Hk, Hv = s.Hv;
+  const std::int64_t N = s.seqlens.empty() ? B : static_cast<std::int64_t>(s.seqlens.size());
+  void *q, *k, *v, *g, *beta, *h0, *o, *fs, *cu = nullptr;
+  const std::int64_t gk = s.per_key ? D : 1;
+  ck(cudaMalloc(&q, B * T * Hk * D * 2), "malloc");
+  ck(cudaMalloc(&k, B * T * Hk * D * 2), "malloc");
+  ck(cudaMalloc(&v, B * T * Hv * D * 2), "malloc");
+  ck(cudaMalloc(&o, B * T * Hv * D * 2), "malloc");
+  ck(cudaMalloc(&g, B * T * Hv * gk * 4), "malloc");
+  ck(cudaMalloc(&beta, B * T * Hv * 4), "malloc");
+  ck(cudaMalloc(&h0, N * Hv * D * D * 4), "malloc");
+  ck(cudaMalloc(&fs, N * Hv * D * D * 4), "malloc");
+  using gdr::bench::fill_uniform;
+  ck(fill_uniform(q, 2, B * T * Hk * D, 1, -1.f, 1.f, nullptr), "fill");
+  ck(gdr::bench::fill_unit_rows(k, 2, B * T * Hk, static_cast<int>(D), 2, nullptr), "fill");
+  ck(fill_uniform(v, 2, B * T * Hv * D, 3, -1.f, 1.f, nullptr), "fill");
+  ck(fill_uniform(g, 0, B * T * Hv * gk, 4, -0.2f, 0.f, nullptr), "fill");
+  ck(fill_uniform(beta, 0, B * T * Hv, 5, 0.f, 1.f, nullptr), "fill");
+  ck(fill_uniform(h0, 0, N * Hv * D * D, 6, -1.f, 1.f, nullptr), "fill");
+  gdr::ForwardParams p;
+  auto dev = [](gdr::TensorView t) {
+    t.device = gdr::DeviceType::cuda;
+    return t;
+  };
+  p.in.q = dev(gdr::TensorView::contiguous(q, DType::bf16, {B, T, Hk, D}));
+  p.in.k = dev(gdr::TensorView::contiguous(k, DType::bf16, {B, T, Hk, D}));
+  p.in.v = dev(gdr::TensorView::contiguous(v, DType::bf16, {B, T, Hv, D}));
+  p.o = dev(gdr::TensorView::contiguous(o, DType::bf16, {B, T, Hv, D}));
+  p.in.g = s.per_key ? dev(gdr::TensorView::contiguous(g, DType::f32, {B, T, Hv, D}))
+                     : dev(gdr::TensorView::contiguous(g, DType::f32, {B, T, Hv}));
+  p.in.beta = dev(gdr::TensorView::contiguous(beta, DType::f32, {B, T, Hv}));
+  p.in.h0 = dev(gdr::TensorView::contiguous(h0, DType::f32, {N, Hv, D, D}));
+  p.final_state = dev(gdr::TensorView::contiguous(fs, DType::f32, {N, Hv, D, D}));
+  if (!s.seqlens.empty()) {
+    std::vector<std::int32_t> c(1, 0);
+    for (auto L : s.seqlens) c.push_back(c.back() + static_cast<std::int32_t>(L));
+    ck(cudaMalloc(&cu, c.size() * 4), "malloc");
+    ck(cudaMemcpy(cu, c.data(), c.size() * 4, cudaMemcpyHostToDevice), "cu");
+    p.in.cu_seqlens =
+        dev(gdr::TensorView::contiguous(cu, DType::i32, {static_cast<std::int64_t>(c.size())}));
+  }
+  gdr::ExecConfig cfg;
+  cfg.path = path;
+  std::vector<float> ms;
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  *ok = true;
+  try {
+    for (int i = 0; i < 3; ++i) gdr::forward(p, cfg);
+    for (int i = 0; i < reps; ++i) {
+      ck(cudaEventRecord(a), "record");
+      gdr::forward(p, cfg);
+      ck(cudaEventRecord(b), "record");
+      ck(cudaEventSynchronize(b), "sync");
+      float t = 0;
+      ck(cudaEventElapsedTime(&t, a, b), "elapsed");
+      ms.push_back(t);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "forward: %s\n", e.what());
+    *ok = false;
+  }
+  ck(cudaDeviceSynchronize(), "forward");
+  for (void* x : {q, k, v, g, beta, h0, o, fs, cu})
+    if (x) cudaFree(x);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (ms.empty()) return -1;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  bool crossover = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--crossover")) crossover = true;
+  }
+  cudaDeviceProp prop{};
+  ck(cudaGetDeviceProperties(&prop, 0), "props");
+  std::vector<std::int64_t> lens;
+  {
+    std::uint64_t x = 20261205;
+    for (int i = 0; i < 32; ++i) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      lens.push_back(100 + static_cast<std::int64_t>((x >> 33) % 7901));
+    }
+  }
+  std::int64_t total = 0;
+  for (auto L : lens) total += L;
+  std::vector<Shape> shapes = {{1, 4096, 16, 32, false, {}},  {1, 16384, 16, 32, false, {}},
+                               {1, 65536, 16, 32, false, {}}, {8, 4096, 16, 32, false, {}},
+                               {1, 32768, 32, 32, false, {}}, {1, total, 16, 32, false, lens},
+                               {1, 16384, 32, 32, true, {}}};
+  for (const Shape& s : shapes) {
+    bool ok;
+    const double t = time_forward(s, gdr::Path::chunkwise, reps, &ok);
+    std::printf(
+        "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
+        "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"ms\": %.4f, \"ok\": %s}\n",
+        prop.name, (long long)s.B, (long long)s.T, (long long)s.Hk, (long long)s.Hv,
+        s.per_key ? "per_key" : "scalar", s.seqlens.empty() ? "false" : "true", t,
+        ok ? "true" : "false");
+    std::fflush(stdout);
+  }
+  if (crossover) {
+    for (auto [B, T] : std::vector<std::pair<int, int>>{
+             {1, 128}, {1, 256}, {1, 1024}, {1, 4096}, {8, 128}, {8, 1024}, {8, 4096}, {32, 256}})
+      for (gdr::Path path : {gdr::Path::sequential, gdr::Path::chunkwise}) {
+        bool ok;
+        const double t = time_forward({B, T, 16, 32, false, {}}, path, reps, &ok);
+        std::printf(
+            "{\"device\": \"%s\", \"path\": \"%s\", \"B\": %d, \"T\": %d, \"Hk\": 16, "
+            "\"Hv\": 32, \"gate\": \"scalar\", \"ms\": %.4f, \"ok\": %s}\n",
+            prop.name, path == gdr::Path::chunkwise ? "chunkwise" : "sequential", B, T, t,
+            ok ? "true" : "false");
+        std::fflush(stdout);
+      }
+  }
+  return 0;
+}

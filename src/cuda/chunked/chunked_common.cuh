@@ -1,0 +1,169 @@
+// Shared pieces of the chunked forward (chunked_forward.cu): the kernel arguments, element
+// loads/stores by run-time dtype, the fused element-wise options (docs/operator.md §1; the same
+// formulas as src/cpu/canonical.cpp), the (sequence, chunk) map of a chunk slot, and a warp-level
+// tensor-core tile product on fp32 operands (mma.sync m16n8k8 tf32: one product per operand pair,
+// or three (hi*hi + hi*lo + lo*hi) for fp32 inputs).
+//
+// Chunk slots: slot s holds chunk c of sequence n, s = c0(n) + c with c0(n) = sum_{m<n}
+// ceil(L_m / C); without varlen c0(n) = n ceil(T / C). Under varlen c0 is built on the device
+// (chunk_table_kernel) into chunk_off [N + 1]; the grids are sized by the shape-only upper bound
+// floor((T + N (C - 1)) / C) and surplus blocks exit. The slot is also the row of the saved
+// chunk states (include/gdr/problem.h, saved_shape).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/common/mma_tf32.cuh"
+
+namespace gdr::cuda::chunked {
+
+inline constexpr int kC = 64;  // chunk length (docs/operator.md §3's C)
+
+struct ChunkArgs {
+  // Token inputs ([B, T, Hk, Dk] q, k; [B, T, Hv, Dv] v, o; [B, T, Hv] or [B, T, Hv, Dk] g;
+  // [B, T, Hv] beta; [B, T] mask), strides for (b, t, head).
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* g;
+  const void* beta;
+  const std::uint8_t* mask;
+  void* o;
+  std::int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh;
+  std::int64_t g_sb, g_st, g_sh, beta_sb, beta_st, beta_sh, mask_sb, mask_st;
+  const float* A_log;
+  std::int64_t A_log_s;
+  const float* dt_bias;
+  std::int64_t dt_bias_sh;
+  const void* cu_seqlens;
+  // h0 / final state rows (k-first [N, Hv, Dk, Dv] or v-first [N, Hv, Dv, Dk]), strides of the
+  // first three dims; null: zeros / not stored.
+  const float* h0;
+  float* hout;
+  std::int64_t h0_s0, h0_s1, h0_s2, hout_s0, hout_s1, hout_s2;
+  // Saved chunk states [chunk_rows, Hv, Dk * Dv] (k-first S), strides of the first two dims.
+  float* saved;
+  std::int64_t saved_s0, saved_s1;
+  std::int64_t B, T, N;
+  std::int64_t slots;  // chunk slots (grid of the chunk kernel)
+  std::int64_t nc;     // chunks per batch row without varlen: ceil(T / C)
+  int Hv, group, Dk, Dv;
+  float scale, eps;
+  int in_dtype, g_dtype, beta_dtype, cu_dtype;
+  bool varlen, per_key, v_first, gate_in_kernel, beta_sigmoid, qk_l2norm;
+  // Scratch (fp32), per (slot, value head) p = slot * Hv + h: W [C, Dk], U [C, Dv], Qs [C, Dk],
+  // Kd [C, Dk], P [C, C] at p * C * width; gn [Dk] or [1] at p * (per_key ? Dk : 1).
+  std::int64_t* chunk_off;  // varlen: [N + 1]
+  float* W;
+  float* U;
+  float* Qs;
+  float* Kd;
+  float* P;
+  float* gn;
+};
+
+// DType codes (include/gdr/types.h): f32 0, f16 1, bf16 2.
+__device__ __forceinline__ float load_as_float(const void* p, std::int64_t off, int dtype) {
+  if (dtype == 0) return static_cast<const float*>(p)[off];
+  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[off]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+}
+
+__device__ __forceinline__ void store_from_float(void* p, std::int64_t off, int dtype, float x) {
+  if (dtype == 0)
+    static_cast<float*>(p)[off] = x;
+  else if (dtype == 1)
+    static_cast<__half*>(p)[off] = __float2half_rn(x);
+  else
+    static_cast<__nv_bfloat16*>(p)[off] = __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ std::int64_t load_index(const void* p, std::int64_t i, int dtype) {
+  return dtype == 4 ? static_cast<const std::int32_t*>(p)[i]
+                    : static_cast<const std::int64_t*>(p)[i];
+}
+
+__device__ __forceinline__ float softplus(float x) {
+  return x > 20.f ? x : log1pf(expf(x));
+}
+
+// One sequence: batch row b, tokens [bos, bos + len), its chunk slots [slot0, slot0 + chunks).
+struct SeqInfo {
+  std::int64_t b, bos, len, slot0, chunks;
+};
+
+// cu_seqlens values are read on the device only: they are clamped into [0, T] and made
+// non-decreasing here, so that an invalid tensor cannot lead to an access out of bounds.
+__device__ __forceinline__ void seq_bounds(const ChunkArgs& a, std::int64_t n, std::int64_t& bos,
+                                           std::int64_t& eos) {
+  bos = load_index(a.cu_seqlens, n, a.cu_dtype);
+  eos = load_index(a.cu_seqlens, n + 1, a.cu_dtype);
+  bos = bos < 0 ? 0 : (bos > a.T ? a.T : bos);
+  eos = eos < bos ? bos : (eos > a.T ? a.T : eos);
+}
+
+__device__ __forceinline__ SeqInfo seq_info(const ChunkArgs& a, std::int64_t n) {
+  SeqInfo s;
+  if (a.varlen) {
+    std::int64_t eos;
+    seq_bounds(a, n, s.bos, eos);
+    s.b = 0;
+    s.len = eos - s.bos;
+    s.slot0 = a.chunk_off[n];
+    const std::int64_t end = a.chunk_off[n + 1];
+    s.chunks = end > s.slot0 ? end - s.slot0 : 0;
+    const std::int64_t need = (s.len + kC - 1) / kC;
+    if (s.chunks > need) s.chunks = need;
+  } else {
+    s.b = n;
+    s.bos = 0;
+    s.len = a.T;
+    s.slot0 = n * a.nc;
+    s.chunks = a.nc;
+  }
+  return s;
+}
+
+// x rounded to tf32 (nearest, ties away), as the products' single-pass operands.
+__device__ __forceinline__ float to_tf32(float x) {
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
+// acc[nt] += A[16 x K] B[K x 8 NT] for one warp; a(i, k) and b(k, j) read the operands relative to
+// the tile's origin. acc[nt][e]: row g + 8 (e >> 1), column 8 nt + 2 c + (e & 1) (g = lane / 4,
+// c = lane % 4). X3: three tf32 products per pair (fp32-level accuracy), else one on rounded
+// operands.
+template <int NT, bool X3, class FA, class FB>
+__device__ __forceinline__ void mma_tile(float (&acc)[NT][4], int K, FA a, FB b) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll 2
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    float4 av = make_float4(a(g, k0 + c), a(g + 8, k0 + c), a(g, k0 + c + 4), a(g + 8, k0 + c + 4));
+    if constexpr (X3) {
+      const float4 ah = make_float4(detail::tf32_hi(av.x), detail::tf32_hi(av.y),
+                                    detail::tf32_hi(av.z), detail::tf32_hi(av.w));
+      const float4 al = make_float4(av.x - ah.x, av.y - ah.y, av.z - ah.z, av.w - ah.w);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float b0 = b(k0 + c, 8 * nt + g), b1 = b(k0 + c + 4, 8 * nt + g);
+        const float b0h = detail::tf32_hi(b0), b1h = detail::tf32_hi(b1);
+        detail::mma_tf32(acc[nt], al, b0h, b1h);
+        detail::mma_tf32(acc[nt], ah, b0 - b0h, b1 - b1h);
+        detail::mma_tf32(acc[nt], ah, b0h, b1h);
+      }
+    } else {
+      av = make_float4(to_tf32(av.x), to_tf32(av.y), to_tf32(av.z), to_tf32(av.w));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        detail::mma_tf32(acc[nt], av, to_tf32(b(k0 + c, 8 * nt + g)),
+                         to_tf32(b(k0 + c + 4, 8 * nt + g)));
+    }
+  }
+}
+
+}  // namespace gdr::cuda::chunked

@@ -1,0 +1,159 @@
+// Host side of the chunked forward (docs/operator.md §3, C = 64; kernels in chunked_kernels.cuh,
+// design in docs/cuda-chunked.md): gdr::cuda::chunked_forward. No host synchronisation and no
+// device-to-host copy: the scratch comes from cudaMallocAsync on the call's stream and cu_seqlens
+// is read on the device only (chunk_table_kernel), so a call can be captured in a CUDA graph.
+//   scratch per chunk slot and value head: (3 Dk + Dv + C) C + (Dk or 1) floats, plus N + 1
+//   int64 chunk offsets under varlen.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "cuda/chunked/chunked_kernels.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/paths.h"
+
+namespace gdr::cuda {
+namespace {
+
+using chunked::ChunkArgs;
+using chunked::kC;
+using chunked::kThreads;
+
+template <bool PerKey, bool X3>
+void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::chunk_prep_kernel<PerKey, X3>;
+  const std::size_t smem = chunked::prep_smem_bytes(a.Dk, a.Dv, PerKey);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv)), kThreads, smem,
+           stream>>>(a);
+  check(cudaGetLastError(), op, "chunk_prep_kernel launch");
+}
+
+template <int BV, bool X3>
+void launch_state(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::state_pass_kernel<BV, X3>;
+  const std::size_t smem = chunked::state_smem_bytes(a.Dk, BV);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(a.Dv / BV)),
+           kThreads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "state_pass_kernel launch");
+}
+
+}  // namespace
+
+void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
+  const char* op = "gdr.forward";
+  const Inputs& in = p.in;
+  // Validated by the dispatcher (core/cuda_support.cpp validate_cuda_forward).
+  if (prob.N == 0 || prob.Hv == 0) return;
+  DeviceGuard guard(prob.device_index, op);
+  const auto stream = static_cast<cudaStream_t>(config.stream);
+
+  ChunkArgs a{};
+  a.q = in.q.data, a.k = in.k.data, a.v = in.v.data, a.g = in.g.data, a.beta = in.beta.data;
+  a.o = p.o.data;
+  a.q_sb = in.q.stride[0], a.q_st = in.q.stride[1], a.q_sh = in.q.stride[2];
+  a.k_sb = in.k.stride[0], a.k_st = in.k.stride[1], a.k_sh = in.k.stride[2];
+  a.v_sb = in.v.stride[0], a.v_st = in.v.stride[1], a.v_sh = in.v.stride[2];
+  a.o_sb = p.o.stride[0], a.o_st = p.o.stride[1], a.o_sh = p.o.stride[2];
+  a.g_sb = in.g.stride[0], a.g_st = in.g.stride[1], a.g_sh = in.g.stride[2];
+  a.beta_sb = in.beta.stride[0], a.beta_st = in.beta.stride[1], a.beta_sh = in.beta.stride[2];
+  if (in.mask.defined()) {
+    a.mask = static_cast<const std::uint8_t*>(in.mask.data);
+    a.mask_sb = in.mask.stride[0], a.mask_st = in.mask.stride[1];
+  }
+  a.gate_in_kernel = p.opts.gate_in_kernel;
+  if (a.gate_in_kernel) {
+    a.A_log = static_cast<const float*>(in.A_log.data);
+    a.A_log_s = in.A_log.stride[0];
+    if (in.dt_bias.defined()) {
+      a.dt_bias = static_cast<const float*>(in.dt_bias.data);
+      a.dt_bias_sh = in.dt_bias.stride[0];
+    }
+  }
+  a.beta_sigmoid = p.opts.beta_sigmoid;
+  a.qk_l2norm = p.opts.qk_l2norm;
+  a.eps = p.opts.l2norm_eps;
+  a.scale = prob.scale;
+  a.in_dtype = static_cast<int>(prob.dtype);
+  a.g_dtype = static_cast<int>(in.g.dtype);
+  a.beta_dtype = static_cast<int>(in.beta.dtype);
+  a.per_key = prob.gate == GateKind::per_key;
+  a.v_first = p.opts.state_layout == StateLayout::v_first;
+  if (in.h0.defined()) {
+    a.h0 = static_cast<const float*>(in.h0.data);
+    a.h0_s0 = in.h0.stride[0], a.h0_s1 = in.h0.stride[1], a.h0_s2 = in.h0.stride[2];
+  }
+  if (p.final_state.defined()) {
+    a.hout = static_cast<float*>(p.final_state.data);
+    a.hout_s0 = p.final_state.stride[0], a.hout_s1 = p.final_state.stride[1];
+    a.hout_s2 = p.final_state.stride[2];
+  }
+  if (p.saved.defined()) {
+    a.saved = static_cast<float*>(p.saved.data);
+    a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
+  }
+  a.B = prob.B, a.T = prob.T, a.N = prob.N;
+  a.Hv = static_cast<int>(prob.Hv);
+  a.group = static_cast<int>(prob.Hv / prob.Hk);
+  a.Dk = static_cast<int>(prob.Dk), a.Dv = static_cast<int>(prob.Dv);
+  a.varlen = prob.varlen;
+  a.nc = (prob.T + kC - 1) / kC;
+  if (prob.varlen) {
+    a.cu_seqlens = in.cu_seqlens.data;
+    a.cu_dtype = static_cast<int>(in.cu_seqlens.dtype);
+    a.slots = (prob.T + prob.N * (kC - 1)) / kC;  // saved_shape's chunk_rows: an upper bound
+  } else {
+    a.slots = prob.B * a.nc;
+  }
+  if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
+
+  // Scratch: W, U, Qs, Kd, P, gn, chunk offsets.
+  const std::int64_t items = a.slots * prob.Hv;
+  const std::int64_t floats =
+      items * (kC * (3 * prob.Dk + prob.Dv + kC) + (a.per_key ? prob.Dk : 1));
+  const std::int64_t bytes = floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
+  void* scratch = nullptr;
+  check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
+  float* f = static_cast<float*>(scratch);
+  a.W = f, f += items * kC * prob.Dk;
+  a.U = f, f += items * kC * prob.Dv;
+  a.Qs = f, f += items * kC * prob.Dk;
+  a.Kd = f, f += items * kC * prob.Dk;
+  a.P = f, f += items * kC * kC;
+  a.gn = f, f += items * (a.per_key ? prob.Dk : 1);
+  a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(f) + 15) &
+                                                ~static_cast<std::uintptr_t>(15));
+
+  const bool x3 = prob.dtype == DType::f32;
+  const int dev = prob.device_index;
+  try {
+    if (prob.varlen) {
+      chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
+      check(cudaGetLastError(), op, "chunk_table_kernel launch");
+    }
+    if (a.slots > 0) {
+      if (a.per_key)
+        x3 ? launch_prep<true, true>(a, dev, stream, op)
+           : launch_prep<true, false>(a, dev, stream, op);
+      else
+        x3 ? launch_prep<false, true>(a, dev, stream, op)
+           : launch_prep<false, false>(a, dev, stream, op);
+    }
+    // 64 value columns per block once there are at least two blocks per SM that way, else 32.
+    const bool wide = prob.N * prob.Hv * (prob.Dv / 64) >= 264;
+    if (wide)
+      x3 ? launch_state<64, true>(a, dev, stream, op) : launch_state<64, false>(a, dev, stream, op);
+    else
+      x3 ? launch_state<32, true>(a, dev, stream, op) : launch_state<32, false>(a, dev, stream, op);
+  } catch (...) {
+    (void)cudaFreeAsync(scratch, stream);
+    throw;
+  }
+  check(cudaFreeAsync(scratch, stream), op, "cudaFreeAsync");
+}
+
+}  // namespace gdr::cuda

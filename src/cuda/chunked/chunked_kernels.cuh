@@ -1,0 +1,495 @@
+// Kernels of the chunked forward (docs/operator.md §3, C = 64; docs/cuda-chunked.md).
+//
+// chunk_table_kernel (varlen only, one block): chunk_off[n] = sum_{m<n} ceil(L_m / C).
+//
+// chunk_prep_kernel, grid (chunk slots, Hv), 256 threads: per chunk of n <= 64 tokens and value
+// head h (key head h / group), rows past n and masked rows zero (identity steps: g = beta = 0, q,
+// k, v = 0), with G_r = g_1 + ... + g_r (fp32; rows past n repeat G_n, so G_63 = G_n):
+//   A    = strict_lower(diag(beta) (Gam .* K K^T)),  Tinv = (I + A)^{-1}  (forward substitution,
+//          fp32 FFMA)
+//   W    = Tinv (beta e^G .* K)                        [C, Dk] -> scratch
+//   U    = Tinv (beta .* V)                            [C, Dv] -> scratch
+//   P    = scale lower(Gam .* Q K^T)  (diagonal kept)  [C, C]  -> scratch
+//   Qs   = scale e^G .* Q,  Kd = e^{G_n - G} .* K      [C, Dk] -> scratch
+//   gn   = e^{G_n}                                      [1] or [Dk] -> scratch
+// Scalar gate: Gam[r, j] = e^{G_r - G_j}; the products K K^T, Q K^T on the tensor cores. Per-key
+// gate: sum_i X[r, i] K[j, i] e^{G_r[i] - G_j[i]} elementwise (exact; a warp per (r, j) pair).
+// Every exponent is <= 0.
+//
+// state_pass_kernel, grid (N, Hv, Dv / BV), 256 threads: the state slice S [Dk, BV] (fp32, shared
+// memory) walks the sequence's chunks:
+//   (saved) S -> saved row (slot, h);  Vnew = U - W S;  O = Qs S + P Vnew -> o (rows < n);
+//   S <- diag(gn) S + Kd^T Vnew
+// from h0 (or zeros) to final_state. All products on the tensor cores (tf32 m16n8k8; three
+// products per pair for fp32 inputs).
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include "cuda/chunked/chunked_common.cuh"
+
+namespace gdr::cuda::chunked {
+
+inline constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
+  using Scan = cub::BlockScan<std::int64_t, 1024>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ std::int64_t carry;
+  if (threadIdx.x == 0) {
+    carry = 0;
+    a.chunk_off[0] = 0;
+  }
+  __syncthreads();
+  for (std::int64_t base = 0; base < a.N; base += 1024) {
+    const std::int64_t n = base + threadIdx.x;
+    std::int64_t count = 0;
+    if (n < a.N) {
+      std::int64_t bos, eos;
+      seq_bounds(a, n, bos, eos);
+      count = (eos - bos + kC - 1) / kC;
+    }
+    std::int64_t incl, total;
+    Scan(temp).InclusiveSum(count, incl, total);
+    if (n < a.N) {
+      const std::int64_t off = carry + incl;
+      a.chunk_off[n + 1] = off < a.slots ? off : a.slots;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) carry += total;
+    __syncthreads();
+  }
+}
+
+// Shared memory of chunk_prep_kernel, in floats: sK, sQ [C][ld] (ld = max(Dk, Dv) + 4), sG
+// [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C].
+inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key) {
+  const int ld = (Dk > Dv ? Dk : Dv) + 4;
+  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 2 * kC);
+}
+
+template <bool PerKey, bool X3>
+__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int Dk = a.Dk, Dv = a.Dv;
+  const int ld = (Dk > Dv ? Dk : Dv) + 4;
+  constexpr int ldA = 68;
+  float* sK = smem;
+  float* sQ = sK + kC * ld;
+  float* sG = sQ + kC * ld;
+  float* sA = sG + (PerKey ? kC * Dk : kC);
+  float* sBeta = sA + kC * ldA;
+  float* sValid = sBeta + kC;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const std::int64_t slot = blockIdx.x;
+  const int h = blockIdx.y;
+  const int hk = h / a.group;
+
+  // (sequence, chunk) of this slot.
+  std::int64_t n = 0;
+  if (a.varlen) {
+    if (slot >= a.chunk_off[a.N]) {
+      if (a.saved) {
+        float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
+        for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
+      }
+      return;
+    }
+    std::int64_t lo = 0, hi = a.N;  // largest n with chunk_off[n] <= slot
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi + 1) / 2;
+      if (a.chunk_off[mid] <= slot)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    n = lo;
+  } else {
+    n = slot / a.nc;
+  }
+  const SeqInfo seq = seq_info(a, n);
+  const std::int64_t c = slot - seq.slot0;
+  const std::int64_t t0 = seq.bos + c * kC;
+  const std::int64_t rem = seq.len - c * kC;
+  const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+
+  if (tid < kC) {
+    bool valid = tid < len;
+    if (valid && a.mask) valid = a.mask[seq.b * a.mask_sb + (t0 + tid) * a.mask_st] != 0;
+    sValid[tid] = valid ? 1.f : 0.f;
+    float beta = 0.f;
+    if (valid) {
+      beta = load_as_float(a.beta, seq.b * a.beta_sb + (t0 + tid) * a.beta_st + h * a.beta_sh,
+                           a.beta_dtype);
+      if (a.beta_sigmoid) beta = 1.f / (1.f + expf(-beta));
+    }
+    sBeta[tid] = beta;
+  }
+  const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
+  __syncthreads();
+  // q, k rows (zero past the chunk and at masked positions) and the raw log decays.
+  for (int e = tid; e < kC * Dk; e += kThreads) {
+    const int r = e / Dk, i = e - r * Dk;
+    float kv = 0.f, qv = 0.f;
+    if (sValid[r] != 0.f) {
+      const std::int64_t t = t0 + r;
+      kv = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
+      qv = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
+    }
+    sK[r * ld + i] = kv;
+    sQ[r * ld + i] = qv;
+    if constexpr (PerKey) {
+      float gv = 0.f;
+      if (sValid[r] != 0.f) {
+        gv = load_as_float(a.g, seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh + i, a.g_dtype);
+        if (a.gate_in_kernel)
+          gv = negA * softplus(gv + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
+      }
+      sG[r * Dk + i] = gv;
+    }
+  }
+  if constexpr (!PerKey) {
+    if (tid < kC) {
+      float gv = 0.f;
+      if (sValid[tid] != 0.f) {
+        gv = load_as_float(a.g, seq.b * a.g_sb + (t0 + tid) * a.g_st + h * a.g_sh, a.g_dtype);
+        if (a.gate_in_kernel)
+          gv = negA * softplus(gv + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f));
+      }
+      sG[tid] = gv;
+    }
+  }
+  __syncthreads();
+  // L2 norm of q and k rows (a warp per row); chunk-local cumulative log decay.
+  if (a.qk_l2norm) {
+    for (int r = warp; r < kC; r += kThreads / 32) {
+      float sk = 0.f, sq = 0.f;
+      for (int i = lane; i < Dk; i += 32) {
+        sk += sK[r * ld + i] * sK[r * ld + i];
+        sq += sQ[r * ld + i] * sQ[r * ld + i];
+      }
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) {
+        sk += __shfl_xor_sync(0xffffffffu, sk, m);
+        sq += __shfl_xor_sync(0xffffffffu, sq, m);
+      }
+      const float ik = 1.f / sqrtf(sk + a.eps), iq = 1.f / sqrtf(sq + a.eps);
+      for (int i = lane; i < Dk; i += 32) {
+        sK[r * ld + i] *= ik;
+        sQ[r * ld + i] *= iq;
+      }
+    }
+  }
+  if constexpr (PerKey) {
+    for (int i = tid; i < Dk; i += kThreads) {
+      float s = 0.f;
+      for (int r = 0; r < kC; ++r) {
+        s += sG[r * Dk + i];
+        sG[r * Dk + i] = s;
+      }
+    }
+  } else {
+    if (tid == 0) {
+      float s = 0.f;
+      for (int r = 0; r < kC; ++r) {
+        s += sG[r];
+        sG[r] = s;
+      }
+    }
+  }
+  __syncthreads();
+
+  const std::int64_t pidx = slot * a.Hv + h;
+  float* Pg = a.P + pidx * kC * kC;
+  const int lg = lane >> 2, lc = lane & 3;
+  // A (shared) and P (scratch).
+  if constexpr (!PerKey) {
+    const int r0 = 16 * (warp & 3), j0 = 32 * (warp >> 2);
+    float kk[4][4] = {}, qk[4][4] = {};
+    mma_tile<4, X3>(
+        kk, Dk, [&](int i, int k) { return sK[(r0 + i) * ld + k]; },
+        [&](int k, int j) { return sK[(j0 + j) * ld + k]; });
+    mma_tile<4, X3>(
+        qk, Dk, [&](int i, int k) { return sQ[(r0 + i) * ld + k]; },
+        [&](int k, int j) { return sK[(j0 + j) * ld + k]; });
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+        const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
+        sA[r * ldA + j] = j < r ? sBeta[r] * gam * kk[nt][e] : 0.f;
+        Pg[r * kC + j] = a.scale * gam * qk[nt][e];
+      }
+  } else {
+    for (int pair = warp; pair < kC * kC; pair += kThreads / 32) {
+      const int r = pair / kC, j = pair - r * kC;
+      float kk = 0.f, qk = 0.f;
+      if (j <= r) {
+        for (int i = lane; i < Dk; i += 32) {
+          const float e = expf(sG[r * Dk + i] - sG[j * Dk + i]) * sK[j * ld + i];
+          kk += sK[r * ld + i] * e;
+          qk += sQ[r * ld + i] * e;
+        }
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+          kk += __shfl_xor_sync(0xffffffffu, kk, m);
+          qk += __shfl_xor_sync(0xffffffffu, qk, m);
+        }
+      }
+      if (lane == 0) {
+        sA[r * ldA + j] = j < r ? sBeta[r] * kk : 0.f;
+        Pg[r * kC + j] = a.scale * qk;
+      }
+    }
+  }
+  __syncthreads();
+  // Qs, Kd, gn to scratch; sK <- beta e^G .* K (the right-hand side of W).
+  {
+    float* Qs = a.Qs + pidx * kC * Dk;
+    float* Kd = a.Kd + pidx * kC * Dk;
+    for (int e = tid; e < kC * Dk; e += kThreads) {
+      const int r = e / Dk, i = e - r * Dk;
+      const float G = PerKey ? sG[r * Dk + i] : sG[r];
+      const float Gn = PerKey ? sG[(kC - 1) * Dk + i] : sG[kC - 1];
+      const float eg = expf(G);
+      const float kv = sK[r * ld + i];
+      Qs[e] = a.scale * eg * sQ[r * ld + i];
+      Kd[e] = expf(Gn - G) * kv;
+      sK[r * ld + i] = sBeta[r] * eg * kv;
+    }
+    if constexpr (PerKey) {
+      for (int i = tid; i < Dk; i += kThreads) a.gn[pidx * Dk + i] = expf(sG[(kC - 1) * Dk + i]);
+    } else {
+      if (tid == 0) a.gn[pidx] = expf(sG[kC - 1]);
+    }
+  }
+  __syncthreads();
+  // Tinv = (I + A)^{-1} by forward substitution into sQ's space ([C][68]): row r from rows < r,
+  // 4 threads per column.
+  float* sT = sQ;
+  for (int e = tid; e < kC * ldA; e += kThreads) {
+    const int r = e / ldA, j = e - r * ldA;
+    sT[e] = r == j ? 1.f : 0.f;
+  }
+  __syncthreads();
+  {
+    const int col = tid >> 2, part = tid & 3;
+    for (int r = 1; r < kC; ++r) {
+      float s = 0.f;
+      for (int j = col + part; j < r; j += 4) s += sA[r * ldA + j] * sT[j * ldA + col];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (part == 0 && col < r) sT[r * ldA + col] = -s;
+      __syncthreads();
+    }
+  }
+  // W = Tinv (beta e^G .* K), then U = Tinv (beta .* V): tiles of 16 x 32 over the 8 warps.
+  {
+    float* Wg = a.W + pidx * kC * Dk;
+    const int tiles = 4 * (Dk / 32);
+    for (int t = warp; t < tiles; t += kThreads / 32) {
+      const int r0 = 16 * (t & 3), c0 = 32 * (t >> 2);
+      float acc[4][4] = {};
+      mma_tile<4, X3>(
+          acc, kC, [&](int i, int k) { return sT[(r0 + i) * ldA + k]; },
+          [&](int k, int j) { return sK[k * ld + c0 + j]; });
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int col = c0 + 8 * nt + 2 * lc;
+        *reinterpret_cast<float2*>(Wg + (r0 + lg) * Dk + col) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2*>(Wg + (r0 + lg + 8) * Dk + col) =
+            make_float2(acc[nt][2], acc[nt][3]);
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < kC * Dv; e += kThreads) {
+    const int r = e / Dv, j = e - r * Dv;
+    float vv = 0.f;
+    if (sValid[r] != 0.f)
+      vv = sBeta[r] *
+           load_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype);
+    sK[r * ld + j] = vv;
+  }
+  __syncthreads();
+  {
+    float* Ug = a.U + pidx * kC * Dv;
+    const int tiles = 4 * (Dv / 32);
+    for (int t = warp; t < tiles; t += kThreads / 32) {
+      const int r0 = 16 * (t & 3), c0 = 32 * (t >> 2);
+      float acc[4][4] = {};
+      mma_tile<4, X3>(
+          acc, kC, [&](int i, int k) { return sT[(r0 + i) * ldA + k]; },
+          [&](int k, int j) { return sK[k * ld + c0 + j]; });
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int col = c0 + 8 * nt + 2 * lc;
+        *reinterpret_cast<float2*>(Ug + (r0 + lg) * Dv + col) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2*>(Ug + (r0 + lg + 8) * Dv + col) =
+            make_float2(acc[nt][2], acc[nt][3]);
+      }
+    }
+  }
+}
+
+// Shared memory of state_pass_kernel, in floats: sS [Dk][BV + 8], sX [C][Dk + 4], sU [C][BV + 8],
+// sP [C][68], gn [Dk].
+inline std::size_t state_smem_bytes(int Dk, int BV) {
+  return sizeof(float) * (Dk * (BV + 8) + kC * (Dk + 4) + kC * (BV + 8) + kC * 68 + Dk);
+}
+
+// Copies rows [C][width] (row stride width in global memory) into shared rows of stride ld.
+__device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int width) {
+  const int w4 = width / 4;
+  for (int e = threadIdx.x; e < kC * w4; e += kThreads) {
+    const int r = e / w4, i = e - r * w4;
+    *reinterpret_cast<float4*>(dst + r * ld + 4 * i) =
+        *reinterpret_cast<const float4*>(src + std::int64_t(r) * width + 4 * i);
+  }
+}
+
+template <int BV, bool X3>
+__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int Dk = a.Dk, Dv = a.Dv;
+  constexpr int ldS = BV + 8, ldU = BV + 8, ldP = 68;
+  const int ldX = Dk + 4;
+  float* sS = smem;
+  float* sX = sS + Dk * ldS;
+  float* sU = sX + kC * ldX;
+  float* sP = sU + kC * ldU;
+  float* sgn = sP + kC * ldP;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t n = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = blockIdx.z * BV;
+  const SeqInfo seq = seq_info(a, n);
+
+  // S from h0 (or zeros).
+  for (int e = tid; e < Dk * BV; e += kThreads) {
+    const int i = e / BV, j = e - i * BV;
+    float s = 0.f;
+    if (a.h0) {
+      const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
+      s = a.v_first ? a.h0[base + (col0 + j) * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + col0 + j];
+    }
+    sS[i * ldS + j] = s;
+  }
+  __syncthreads();
+
+  for (std::int64_t c = 0; c < seq.chunks; ++c) {
+    const std::int64_t slot = seq.slot0 + c;
+    const std::int64_t pidx = slot * a.Hv + h;
+    if (a.saved) {
+      float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
+      for (int e = tid; e < Dk * BV; e += kThreads) {
+        const int i = e / BV, j = e - i * BV;
+        rec[std::int64_t(i) * Dv + col0 + j] = sS[i * ldS + j];
+      }
+    }
+    load_rows(sX, ldX, a.W + pidx * kC * Dk, Dk);
+    {
+      const float* Ug = a.U + pidx * kC * Dv + col0;
+      constexpr int w4 = BV / 4;
+      for (int e = tid; e < kC * w4; e += kThreads) {
+        const int r = e / w4, i = e - r * w4;
+        *reinterpret_cast<float4*>(sU + r * ldU + 4 * i) =
+            *reinterpret_cast<const float4*>(Ug + std::int64_t(r) * Dv + 4 * i);
+      }
+    }
+    load_rows(sP, ldP, a.P + pidx * kC * kC, kC);
+    if (a.per_key) {
+      for (int i = tid; i < Dk; i += kThreads) sgn[i] = a.gn[pidx * Dk + i];
+    } else {
+      const float gv = a.gn[pidx];
+      for (int i = tid; i < Dk; i += kThreads) sgn[i] = gv;
+    }
+    __syncthreads();
+    // Vnew = U - W S: tiles 16 x 16 of [C, BV].
+    constexpr int vtiles = 4 * (BV / 16);
+    for (int t = warp; t < vtiles; t += kThreads / 32) {
+      const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
+      float acc[2][4] = {};
+      mma_tile<2, X3>(
+          acc, Dk, [&](int i, int k) { return sX[(r0 + i) * ldX + k]; },
+          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          sU[r * ldU + j] -= acc[nt][e];
+        }
+    }
+    __syncthreads();
+    load_rows(sX, ldX, a.Qs + pidx * kC * Dk, Dk);
+    __syncthreads();
+    // O = Qs S + P Vnew, rows < len written.
+    const std::int64_t t0 = seq.bos + c * kC;
+    const std::int64_t rem = seq.len - c * kC;
+    const int len = rem < kC ? static_cast<int>(rem) : kC;
+    for (int t = warp; t < vtiles; t += kThreads / 32) {
+      const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
+      float acc[2][4] = {};
+      mma_tile<2, X3>(
+          acc, Dk, [&](int i, int k) { return sX[(r0 + i) * ldX + k]; },
+          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      mma_tile<2, X3>(
+          acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
+          [&](int k, int j) { return sU[k * ldU + j0 + j]; });
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          if (r < len)
+            store_from_float(a.o, seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col0 + j,
+                             a.in_dtype, acc[nt][e]);
+        }
+    }
+    __syncthreads();
+    load_rows(sX, ldX, a.Kd + pidx * kC * Dk, Dk);
+    __syncthreads();
+    // S <- diag(gn) S + Kd^T Vnew: tiles 16 x 16 of [Dk, BV].
+    const int stiles = (Dk / 16) * (BV / 16);
+    for (int t = warp; t < stiles; t += kThreads / 32) {
+      const int i0 = 16 * (t % (Dk / 16)), j0 = 16 * (t / (Dk / 16));
+      float acc[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          acc[nt][e] = sgn[i] * sS[i * ldS + j];
+        }
+      mma_tile<2, X3>(
+          acc, kC, [&](int i, int k) { return sX[k * ldX + i0 + i]; },
+          [&](int k, int j) { return sU[k * ldU + j0 + j]; });
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          sS[i * ldS + j] = acc[nt][e];
+        }
+    }
+    __syncthreads();
+  }
+  if (a.hout) {
+    for (int e = tid; e < Dk * BV; e += kThreads) {
+      const int i = e / BV, j = e - i * BV;
+      const std::int64_t base = n * a.hout_s0 + h * a.hout_s1;
+      const float s = sS[i * ldS + j];
+      if (a.v_first)
+        a.hout[base + (col0 + j) * a.hout_s2 + i] = s;
+      else
+        a.hout[base + i * a.hout_s2 + col0 + j] = s;
+    }
+  }
+}
+
+}  // namespace gdr::cuda::chunked

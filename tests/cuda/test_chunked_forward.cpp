@@ -1,0 +1,322 @@
+// GPU tests of the CUDA chunked forward (src/cuda/chunked/, Path::chunkwise on cuda tensors):
+// each case against the float64 reference on the same rounded inputs, outputs poisoned with NaN
+// first, within docs/operator.md §7's bar (5e-3 for f16/bf16 inputs on the tensor cores, 1e-5 for
+// fp32 inputs: three tf32 products per pair); the saved chunk states against the CPU chunkwise
+// path's record; a CUDA-graph capture of a varlen call against the eager call.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu_support.h"
+
+namespace gdr::test {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+// Largest error seen per case family (printed at the end of the run, for the report).
+std::map<std::string, std::pair<double, double>>& worst() {
+  static std::map<std::string, std::pair<double, double>> m;
+  return m;
+}
+struct WorstPrinter : ::testing::Environment {
+  void TearDown() override {
+    for (const auto& [family, e] : worst())
+      std::printf("[chunked max rel err] %-28s o %.3e  state %.3e\n", family.c_str(), e.first,
+                  e.second);
+  }
+};
+const auto* const kPrinter = ::testing::AddGlobalTestEnvironment(new WorstPrinter);
+
+struct DeviceRun {
+  ForwardResult r;
+  std::vector<double> saved;  // the saved tensor as doubles (when asked)
+};
+
+// gdr::forward with Path::chunkwise on device copies of d's tensors (o, the final state and the
+// saved tensor poisoned first).
+DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullptr) {
+  d.o.poison();
+  if (d.final_state.defined()) d.final_state.poison();
+  HostTensor saved_host;
+  if (with_saved) saved_host = make_saved(d, 64, SavedContent::chunk_states);  // NaN everywhere
+  ForwardParams host = d.forward_params();
+  DeviceMirror m;
+  ForwardParams p = host;
+  p.in.q = m.to_device(host.in.q);
+  p.in.k = m.to_device(host.in.k);
+  p.in.v = m.to_device(host.in.v);
+  p.in.g = m.to_device(host.in.g);
+  p.in.beta = m.to_device(host.in.beta);
+  p.in.A_log = m.to_device(host.in.A_log);
+  p.in.dt_bias = m.to_device(host.in.dt_bias);
+  p.in.h0 = m.to_device(host.in.h0);
+  p.in.mask = m.to_device(host.in.mask);
+  p.in.cu_seqlens = m.to_device(host.in.cu_seqlens);
+  p.o = m.to_device(host.o);
+  p.final_state = m.to_device(host.final_state);
+  if (with_saved) p.saved = m.to_device(saved_host.view());
+  ExecConfig cfg;
+  cfg.path = Path::chunkwise;
+  cfg.stream = stream;
+  forward(p, cfg);
+  cuda_check(cudaStreamSynchronize(stream), "chunked forward");
+  DeviceMirror::to_host(p.o, host.o);
+  DeviceMirror::to_host(p.final_state, host.final_state);
+  DeviceRun out;
+  if (with_saved) {
+    DeviceMirror::to_host(p.saved, saved_host.view());
+    out.saved = saved_host.to_double();
+  }
+  out.r.o = d.o.to_double();
+  if (d.final_state.defined()) out.r.final_state = d.final_state.to_double();
+  return out;
+}
+
+void note(const std::string& family, const ForwardResult& got, const ForwardResult& ref) {
+  auto& w = worst()[family];
+  w.first = std::max(w.first, rel_error(got.o, ref.o));
+  if (!ref.final_state.empty())
+    w.second = std::max(w.second, rel_error(got.final_state, ref.final_state));
+}
+
+// One case: the chunked forward against the float64 reference (and, with `saved`, its chunk
+// states against the CPU chunkwise path's).
+void check_chunked(const std::string& family, TestData d, bool with_saved = false) {
+  const ForwardResult ref = reference_forward(d);
+  const std::string label = family + ": " + describe(d.c, d.seed);
+  const DeviceRun got = run_chunked(d, with_saved);
+  note(family, got.r, ref);
+  expect_forward_close(got.r, ref, forward_tolerance(d.c), label);
+  if (with_saved) {
+    TestData cpu = d;
+    HostTensor saved_cpu = make_saved(cpu, 64, SavedContent::chunk_states);
+    run_forward(cpu, Path::chunkwise, ExecConfig{}, saved_cpu.view());
+    const std::vector<double> want = saved_cpu.to_double();
+    ASSERT_EQ(got.saved.size(), want.size()) << label;
+    for (double x : got.saved) ASSERT_TRUE(std::isfinite(x)) << label << ": saved not written";
+    const double err = rel_error(got.saved, want);
+    auto& w = worst()[family + " (saved)"];
+    w.first = std::max(w.first, err);
+    EXPECT_LE(err, forward_tolerance(d.c)) << label << ": saved chunk states";
+    // Rows past the last chunk (varlen upper bound) are zeros in both.
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (want[i] == 0.0) {
+        ASSERT_EQ(got.saved[i], 0.0) << label << ": saved element " << i;
+      }
+    }
+  }
+}
+
+void check_chunked(const std::string& family, const Case& c, bool with_saved = false) {
+  check_chunked(family, make_problem(c), with_saved);
+}
+
+Case base_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t Hv, std::int64_t D,
+               DType dtype = DType::bf16) {
+  Case c;
+  c.B = B;
+  c.T = T;
+  c.Hk = Hk;
+  c.Hv = Hv;
+  c.Dk = c.Dv = D;
+  c.dtype = dtype;
+  return c;
+}
+
+TEST(CudaChunkedForward, Lengths) {
+  REQUIRE_GPU();
+  for (std::int64_t T : {0, 1, 63, 64, 65, 1000})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      Case c = base_case(2, T, 1, 2, 128, dtype);
+      c.layout = T % 2 ? StateLayout::v_first : StateLayout::k_first;
+      c.h0 = T != 64;
+      check_chunked(dtype == DType::f32 ? "lengths f32" : "lengths bf16", c);
+    }
+}
+
+TEST(CudaChunkedForward, DecayRegimes) {
+  REQUIRE_GPU();
+  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+      for (DType dtype : {DType::bf16, DType::f32}) {
+        Case c = base_case(1, 300, 1, 2, 64, dtype);
+        c.decay = decay;
+        c.gate = gate;
+        check_chunked(std::string("decay ") + std::string(to_string(decay)), c);
+      }
+  // g = -30 everywhere (each step forgets the state entirely).
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c = base_case(1, 200, 1, 2, 64);
+    c.gate = gate;
+    TestData d = make_problem(c);
+    d.g.fill(-30.0);
+    check_chunked("decay g=-30", d);
+  }
+}
+
+TEST(CudaChunkedForward, BetaZeroAndOne) {
+  REQUIRE_GPU();
+  for (double beta : {0.0, 1.0})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      TestData d = make_problem(base_case(2, 150, 2, 4, 64, dtype));
+      d.beta.fill(beta);
+      check_chunked("beta 0/1", d);
+    }
+}
+
+TEST(CudaChunkedForward, HeadDimsGatesLayouts) {
+  REQUIRE_GPU();
+  for (std::int64_t Dk : {64, 128, 256})
+    for (std::int64_t Dv : {64, 128, 256})
+      for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+        Case c = base_case(1, 100 + Dk / 64, 1, 2, 64, (Dk + Dv) % 3 ? DType::bf16 : DType::f16);
+        c.Dk = Dk;
+        c.Dv = Dv;
+        c.gate = gate;
+        c.layout = (Dk == Dv) ? StateLayout::v_first : StateLayout::k_first;
+        check_chunked("head dims", c);
+      }
+}
+
+TEST(CudaChunkedForward, GroupedHeadsMaskFused) {
+  REQUIRE_GPU();
+  for (int opts = 0; opts < 4; ++opts)
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+      Case c = base_case(2, 130, 2, 8, 128, opts == 1 ? DType::f32 : DType::bf16);  // Hv/Hk = 4
+      c.gate = gate;
+      c.mask = opts >= 2;
+      c.gate_in_kernel = opts >= 1;
+      c.beta_sigmoid = opts >= 1;
+      c.qk_l2norm = opts == 1 || opts == 3;
+      c.gates_in_dtype = opts == 3;
+      c.final_state = opts != 2;
+      c.h0 = opts != 0;
+      c.strided = opts == 2;
+      check_chunked("gqa/mask/fused", c);
+    }
+}
+
+TEST(CudaChunkedForward, Varlen) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (bool i64 : {false, true}) {
+      Case c = base_case(1, 0, 1, 4, 64, dtype);
+      c.seqlens = {0, 1, 65, 0, 200, 64, 1, 3};
+      c.cu_seqlens_i64 = i64;
+      c.gate = i64 ? GateKind::per_key : GateKind::scalar;
+      c.mask = !i64;
+      c.layout = i64 ? StateLayout::v_first : StateLayout::k_first;
+      check_chunked("varlen", c);
+    }
+}
+
+TEST(CudaChunkedForward, SavedChunkStates) {
+  REQUIRE_GPU();
+  for (bool varlen : {false, true})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+      for (DType dtype : {DType::bf16, DType::f32}) {
+        Case c = base_case(2, 140, 1, 2, 64, dtype);
+        c.Dv = 128;
+        c.gate = gate;
+        if (varlen) {
+          c.B = 1;
+          c.seqlens = {70, 0, 1, 130, 64};
+        }
+        check_chunked("saved", c, true);
+      }
+}
+
+TEST(CudaChunkedForward, LongSequence) {
+  REQUIRE_GPU();
+  Case c = base_case(1, 1 << 17, 1, 1, 64);
+  c.decay = Decay::mild;
+  check_chunked("2^17 tokens", c);
+}
+
+// A varlen call captured in a CUDA graph and replayed: its output equals the eager call's.
+TEST(CudaChunkedForward, GraphCaptureVarlen) {
+  REQUIRE_GPU();
+  Case c = base_case(1, 0, 2, 4, 128);
+  c.seqlens = {100, 0, 1, 300, 64};
+  TestData d = make_problem(c);
+  const ForwardResult ref = reference_forward(d);
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  ForwardParams host = d.forward_params();
+  DeviceMirror m;
+  ForwardParams p = host;
+  p.in.q = m.to_device(host.in.q);
+  p.in.k = m.to_device(host.in.k);
+  p.in.v = m.to_device(host.in.v);
+  p.in.g = m.to_device(host.in.g);
+  p.in.beta = m.to_device(host.in.beta);
+  p.in.h0 = m.to_device(host.in.h0);
+  p.in.cu_seqlens = m.to_device(host.in.cu_seqlens);
+  p.o = m.to_device(host.o);
+  p.final_state = m.to_device(host.final_state);
+  ExecConfig cfg;
+  cfg.path = Path::chunkwise;
+  cfg.stream = stream;
+  forward(p, cfg);  // eager
+  cuda_check(cudaStreamSynchronize(stream), "eager");
+  DeviceMirror::to_host(p.o, host.o);
+  DeviceMirror::to_host(p.final_state, host.final_state);
+  const std::vector<double> eager_o = d.o.to_double(), eager_s = d.final_state.to_double();
+  ForwardResult eager{eager_o, eager_s};
+  expect_forward_close(eager, ref, forward_tolerance(d.c), "graph case, eager");
+  cudaGraph_t graph;
+  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  forward(p, cfg);
+  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (int rep = 0; rep < 2; ++rep) {
+    cuda_check(cudaMemset(p.o.data, 0xff, span_bytes(p.o)), "poison o");
+    cuda_check(cudaMemset(p.final_state.data, 0xff, span_bytes(p.final_state)), "poison state");
+    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_check(cudaStreamSynchronize(stream), "replay");
+    DeviceMirror::to_host(p.o, host.o);
+    DeviceMirror::to_host(p.final_state, host.final_state);
+    EXPECT_EQ(d.o.to_double(), eager_o) << "replay " << rep;
+    EXPECT_EQ(d.final_state.to_double(), eager_s) << "replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Path::automatic on cuda: the chunked forward above kCudaRecurrentMaxTokens tokens per sequence.
+TEST(CudaChunkedForward, AutomaticAndRefusals) {
+  REQUIRE_GPU();
+  TestData d = make_problem(base_case(1, 200, 1, 2, 64));
+  const ForwardResult ref = reference_forward(d);
+  const ForwardResult got = run_forward_cuda(d, nullptr, Path::automatic);
+  expect_forward_close(got, ref, forward_tolerance(d.c), "automatic");
+  // Chunk intermediates are refused on cuda.
+  TestData e = make_problem(base_case(1, 70, 1, 2, 64));
+  HostTensor inter = make_saved(e, 64, SavedContent::chunk_intermediates);
+  ForwardParams host = e.forward_params();
+  DeviceMirror m;
+  ForwardParams p = host;
+  p.in.q = m.to_device(host.in.q);
+  p.in.k = m.to_device(host.in.k);
+  p.in.v = m.to_device(host.in.v);
+  p.in.g = m.to_device(host.in.g);
+  p.in.beta = m.to_device(host.in.beta);
+  p.in.h0 = m.to_device(host.in.h0);
+  p.o = m.to_device(host.o);
+  p.final_state = m.to_device(host.final_state);
+  p.saved = m.to_device(inter.view());
+  EXPECT_THROW(forward(p, ExecConfig{}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace gdr::test
