@@ -35,6 +35,7 @@
 namespace gdr::cuda::chunked {
 
 inline constexpr int kThreads = 256;
+inline constexpr int kLoads = 8;  // global loads in flight per thread (prep kernel)
 
 __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
   using Scan = cub::BlockScan<std::int64_t, 1024>;
@@ -117,25 +118,36 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
   __syncthreads();
-  // q, k rows (zero past the chunk and at masked positions) and the raw log decays.
-  for (int e = tid; e < kC * Dk; e += kThreads) {
-    const int r = e / Dk, i = e - r * Dk;
-    float kv = 0.f, qv = 0.f;
-    if (sValid[r] != 0.f) {
-      const std::int64_t t = t0 + r;
-      kv = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
-      qv = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
-    }
-    sK[r * ld + i] = kv;
-    sQ[r * ld + i] = qv;
-    if constexpr (PerKey) {
-      float gv = 0.f;
-      if (sValid[r] != 0.f) {
-        gv = load_as_float(a.g, seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh + i, a.g_dtype);
-        if (a.gate_in_kernel)
-          gv = negA * softplus(gv + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
+  // q, k rows (zero past the chunk and at masked positions) and the raw log decays; kLoads
+  // elements per thread loaded before any is stored (independent loads in flight).
+  for (int base = tid; base < kC * Dk; base += kLoads * kThreads) {
+    float kv[kLoads], qv[kLoads], gv[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      const int r = e / Dk, i = e - r * Dk;
+      kv[u] = qv[u] = gv[u] = 0.f;
+      if (e < kC * Dk && sValid[r] != 0.f) {
+        const std::int64_t t = t0 + r;
+        kv[u] = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
+        qv[u] = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
+        if constexpr (PerKey)
+          gv[u] = load_as_float(a.g, seq.b * a.g_sb + t * a.g_st + h * a.g_sh + i, a.g_dtype);
       }
-      sG[r * Dk + i] = gv;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      if (e >= kC * Dk) continue;
+      const int r = e / Dk, i = e - r * Dk;
+      sK[r * ld + i] = kv[u];
+      sQ[r * ld + i] = qv[u];
+      if constexpr (PerKey) {
+        float x = gv[u];
+        if (a.gate_in_kernel && sValid[r] != 0.f)
+          x = negA * softplus(x + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
+        sG[r * Dk + i] = x;
+      }
     }
   }
   if constexpr (!PerKey) {
@@ -294,13 +306,23 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
   }
   __syncthreads();
-  for (int e = tid; e < kC * Dv; e += kThreads) {
-    const int r = e / Dv, j = e - r * Dv;
-    float vv = 0.f;
-    if (sValid[r] != 0.f)
-      vv = sBeta[r] *
-           load_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype);
-    sK[r * ld + j] = vv;
+  for (int base = tid; base < kC * Dv; base += kLoads * kThreads) {
+    float vv[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      const int r = e / Dv, j = e - r * Dv;
+      vv[u] = 0.f;
+      if (e < kC * Dv && sValid[r] != 0.f)
+        vv[u] = load_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      if (e >= kC * Dv) continue;
+      const int r = e / Dv, j = e - r * Dv;
+      sK[r * ld + j] = sBeta[r] * vv[u];
+    }
   }
   __syncthreads();
   {
