@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   __syncthreads();
   // Tinv = (I + A)^{-1} by forward substitution into sQ's space ([C][68]): row r from rows < r,
-  // 4 threads per column.
+  // 4 threads (one warp's lanes) per column. Columns are independent (column col reads only
+  // column col of Tinv), so a warp barrier per row suffices.
   float* sT = sQ;
   for (int e = tid; e < kC * ldA; e += kThreads) {
     const int r = e / ldA, j = e - r * ldA;
@@ -283,9 +284,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
       if (part == 0 && col < r) sT[r * ldA + col] = -s;
-      __syncthreads();
+      __syncwarp();
     }
   }
+  __syncthreads();
   // W = Tinv (beta e^G .* K), then U = Tinv (beta .* V): tiles of 16 x 32 over the 8 warps.
   {
     float* Wg = a.W + pidx * kC * Dk;
