@@ -234,6 +234,20 @@ TEST(CudaChunkedForward, SavedChunkStates) {
       }
 }
 
+// Enough value heads for the state pass's 32-column blocks (src/cuda/chunked/chunked_forward.cu:
+// more than half the SMs busy at 32 columns), in one wave (two W / Kd buffers) and in more than
+// one (one buffer); the smaller cases above run 16 columns.
+TEST(CudaChunkedForward, WideStatePass) {
+  REQUIRE_GPU();
+  for (std::int64_t B : {1, 3})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      Case c = base_case(B, B == 1 ? 300 : 130, 4, B == 1 ? 24 : 16, 128, dtype);
+      c.gate = B == 1 ? GateKind::scalar : GateKind::per_key;
+      c.layout = B == 1 ? StateLayout::k_first : StateLayout::v_first;
+      check_chunked("wide state pass", c, B == 3);
+    }
+}
+
 TEST(CudaChunkedForward, LongSequence) {
   REQUIRE_GPU();
   Case c = base_case(1, 1 << 17, 1, 1, 64);

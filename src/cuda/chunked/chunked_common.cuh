@@ -44,9 +44,12 @@ struct ChunkArgs {
   const float* h0;
   float* hout;
   std::int64_t h0_s0, h0_s1, h0_s2, hout_s0, hout_s1, hout_s2;
-  // Saved chunk states [chunk_rows, Hv, Dk * Dv] (k-first S), strides of the first two dims.
+  // Chunk states [chunk rows, Hv, Dk * Dv] (k-first S entering each chunk; row = chunk slot),
+  // strides of the first two dims: ForwardParams::saved when given, else scratch. Written by the
+  // state pass, read by the output kernel. states_vec: 16-byte aligned rows (16-byte copies).
   float* saved;
   std::int64_t saved_s0, saved_s1;
+  bool states_vec;
   std::int64_t B, T, N;
   std::int64_t slots;  // chunk slots (grid of the chunk kernel)
   std::int64_t nc;     // chunks per batch row without varlen: ceil(T / C)
@@ -54,8 +57,9 @@ struct ChunkArgs {
   float scale, eps;
   int in_dtype, g_dtype, beta_dtype, cu_dtype;
   bool varlen, per_key, v_first, gate_in_kernel, beta_sigmoid, qk_l2norm;
-  // Scratch (fp32), per (slot, value head) p = slot * Hv + h: W [C, Dk], U [C, Dv], Qs [C, Dk],
-  // Kd [C, Dk], P [C, C] at p * C * width; gn [Dk] or [1] at p * (per_key ? Dk : 1).
+  // Scratch (fp32), per (slot, value head) p = slot * Hv + h: W [C, Dk], U [C, Dv] (overwritten
+  // by Vnew in the state pass), Qs [C, Dk], Kd [C, Dk], P [C, C] at p * C * width; gn [Dk] or
+  // [1] at p * (per_key ? Dk : 1).
   std::int64_t* chunk_off;  // varlen: [N + 1]
   float* W;
   float* U;
@@ -125,6 +129,55 @@ __device__ __forceinline__ SeqInfo seq_info(const ChunkArgs& a, std::int64_t n) 
     s.chunks = a.nc;
   }
   return s;
+}
+
+// Chunk slot -> sequence n (false: a surplus slot of the varlen upper bound, past the last chunk).
+__device__ __forceinline__ bool slot_sequence(const ChunkArgs& a, std::int64_t slot,
+                                              std::int64_t& n) {
+  if (!a.varlen) {
+    n = slot / a.nc;
+    return true;
+  }
+  if (slot >= a.chunk_off[a.N]) return false;
+  std::int64_t lo = 0, hi = a.N;  // largest n with chunk_off[n] <= slot
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi + 1) / 2;
+    if (a.chunk_off[mid] <= slot)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  n = lo;
+  return true;
+}
+
+// cp.async: wait until at most N of this thread's committed groups are pending; 4-byte copy.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(detail::smem_addr(dst)), "l"(src)
+               : "memory");
+}
+
+// Issues cp.async copies of `rows` rows of `width` floats (row stride src_ld floats in global
+// memory) into shared rows of stride ld; vec: 16-byte copies (both sides 16-byte aligned), else
+// 4-byte. Completion: cp_async_wait + a barrier.
+__device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, std::int64_t src_ld,
+                                          int rows, int width, bool vec = true) {
+  if (vec) {
+    const int w4 = width / 4;
+    for (int e = threadIdx.x; e < rows * w4; e += blockDim.x) {
+      const int r = e / w4, i = e - r * w4;
+      detail::cp_async16(dst + r * ld + 4 * i, src + r * src_ld + 4 * i);
+    }
+  } else {
+    for (int e = threadIdx.x; e < rows * width; e += blockDim.x) {
+      const int r = e / width, i = e - r * width;
+      cp_async4(dst + r * ld + i, src + r * src_ld + i);
+    }
+  }
 }
 
 // x rounded to tf32 (nearest, ties away), as the products' single-pass operands.

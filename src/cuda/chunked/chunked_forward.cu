@@ -2,8 +2,9 @@
 // design in docs/cuda-chunked.md): gdr::cuda::chunked_forward. No host synchronisation and no
 // device-to-host copy: the scratch comes from cudaMallocAsync on the call's stream and cu_seqlens
 // is read on the device only (chunk_table_kernel), so a call can be captured in a CUDA graph.
-//   scratch per chunk slot and value head: (3 Dk + Dv + C) C + (Dk or 1) floats, plus N + 1
-//   int64 chunk offsets under varlen.
+//   scratch per chunk slot and value head: (3 Dk + Dv + C) C + (Dk or 1) floats, plus Dk Dv
+//   floats of chunk state unless ForwardParams::saved holds them, plus N + 1 int64 chunk offsets
+//   under varlen.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -32,14 +33,27 @@ void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char
 }
 
 template <int BV, bool X3>
-void launch_state(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+void launch_state(const ChunkArgs& a, int nbuf, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunked::state_pass_kernel<BV, X3>;
-  const std::size_t smem = chunked::state_smem_bytes(a.Dk, BV);
+  const std::size_t smem = chunked::state_smem_bytes(a.Dk, BV, nbuf);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / BV)),
-           kThreads, smem, stream>>>(a);
+           kThreads, smem, stream>>>(a, nbuf);
   check(cudaGetLastError(), op, "state_pass_kernel launch");
+}
+
+constexpr int kOutBV = 64;  // value columns per block of the output kernel
+
+template <bool X3>
+void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::chunk_output_kernel<kOutBV, X3>;
+  const std::size_t smem = chunked::output_smem_bytes(a.Dk, kOutBV);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(a.Dv / kOutBV)),
+           kThreads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "chunk_output_kernel launch");
 }
 
 }  // namespace
@@ -92,10 +106,6 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     a.hout_s0 = p.final_state.stride[0], a.hout_s1 = p.final_state.stride[1];
     a.hout_s2 = p.final_state.stride[2];
   }
-  if (p.saved.defined()) {
-    a.saved = static_cast<float*>(p.saved.data);
-    a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
-  }
   a.B = prob.B, a.T = prob.T, a.N = prob.N;
   a.Hv = static_cast<int>(prob.Hv);
   a.group = static_cast<int>(prob.Hv / prob.Hk);
@@ -111,10 +121,12 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   }
   if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
 
-  // Scratch: W, U, Qs, Kd, P, gn, chunk offsets.
+  // Scratch: W, U, Qs, Kd, P, the chunk states unless `saved` holds them, gn, chunk offsets.
   const std::int64_t items = a.slots * prob.Hv;
+  const bool own_states = !p.saved.defined();
   const std::int64_t floats =
-      items * (kC * (3 * prob.Dk + prob.Dv + kC) + (a.per_key ? prob.Dk : 1));
+      items * (kC * (3 * prob.Dk + prob.Dv + kC) + (a.per_key ? prob.Dk : 1) +
+               (own_states ? prob.Dk * prob.Dv : 0));
   const std::int64_t bytes = floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
   void* scratch = nullptr;
   check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
@@ -124,12 +136,25 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   a.Qs = f, f += items * kC * prob.Dk;
   a.Kd = f, f += items * kC * prob.Dk;
   a.P = f, f += items * kC * kC;
+  if (own_states) {  // 16-byte aligned: every region before it is a multiple of 4 floats
+    a.saved = f, f += items * prob.Dk * prob.Dv;
+    a.saved_s0 = prob.Hv * prob.Dk * prob.Dv, a.saved_s1 = prob.Dk * prob.Dv;
+  } else {
+    a.saved = static_cast<float*>(p.saved.data);
+    a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
+  }
   a.gn = f, f += items * (a.per_key ? prob.Dk : 1);
+  a.states_vec = reinterpret_cast<std::uintptr_t>(a.saved) % 16 == 0 && a.saved_s0 % 4 == 0 &&
+                 a.saved_s1 % 4 == 0;
   a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(f) + 15) &
                                                 ~static_cast<std::uintptr_t>(15));
 
   const bool x3 = prob.dtype == DType::f32;
   const int dev = prob.device_index;
+  const int sms = sm_count(dev, op);
+  int smem_optin = 0;
+  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op,
+        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   try {
     if (prob.varlen) {
       chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
@@ -143,12 +168,24 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
         x3 ? launch_prep<false, true>(a, dev, stream, op)
            : launch_prep<false, false>(a, dev, stream, op);
     }
-    // 64 value columns per block once there are at least two blocks per SM that way, else 32.
-    const bool wide = prob.N * prob.Hv * (prob.Dv / 64) >= 264;
-    if (wide)
-      x3 ? launch_state<64, true>(a, dev, stream, op) : launch_state<64, false>(a, dev, stream, op);
+    // State pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
+    // idle; two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit
+    // in one wave and the shared memory allows, else one (two blocks per SM at Dk <= 128).
+    const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
+    const int bv = 2 * blocks32 <= sms ? 16 : 32;
+    const std::int64_t blocks = blocks32 * (32 / bv);
+    const int nbuf = blocks <= sms && chunked::state_smem_bytes(a.Dk, bv, 2) <=
+                                          static_cast<std::size_t>(smem_optin)
+                         ? 2
+                         : 1;
+    if (bv == 16)
+      x3 ? launch_state<16, true>(a, nbuf, dev, stream, op)
+         : launch_state<16, false>(a, nbuf, dev, stream, op);
     else
-      x3 ? launch_state<32, true>(a, dev, stream, op) : launch_state<32, false>(a, dev, stream, op);
+      x3 ? launch_state<32, true>(a, nbuf, dev, stream, op)
+         : launch_state<32, false>(a, nbuf, dev, stream, op);
+    if (a.slots > 0)
+      x3 ? launch_output<true>(a, dev, stream, op) : launch_output<false>(a, dev, stream, op);
   } catch (...) {
     (void)cudaFreeAsync(scratch, stream);
     throw;

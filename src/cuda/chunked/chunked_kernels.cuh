@@ -18,10 +18,14 @@
 //
 // state_pass_kernel, grid (N, Hv, Dv / BV), 256 threads: the state slice S [Dk, BV] (fp32, shared
 // memory) walks the sequence's chunks:
-//   (saved) S -> saved row (slot, h);  Vnew = U - W S;  O = Qs S + P Vnew -> o (rows < n);
+//   S -> chunk-state row (slot, h);  Vnew = U - W S -> U's place in scratch;
 //   S <- diag(gn) S + Kd^T Vnew
-// from h0 (or zeros) to final_state. All products on the tensor cores (tf32 m16n8k8; three
-// products per pair for fp32 inputs).
+// from h0 (or zeros) to final_state; the next chunk's W, U, Kd are copied (cp.async) while the
+// current one computes.
+//
+// chunk_output_kernel, grid (chunk slots, Hv, Dv / 64), 256 threads, independent chunks:
+//   O = Qs S + P Vnew -> o (rows < n), S the chunk-state row (the state entering the chunk).
+// All products on the tensor cores (tf32 m16n8k8; three products per pair for fp32 inputs).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -31,6 +35,7 @@
 namespace gdr::cuda::chunked {
 
 inline constexpr int kThreads = 256;
+inline constexpr int kLoads = 8;  // global loads in flight per thread (prep kernel)
 
 __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
   using Scan = cub::BlockScan<std::int64_t, 1024>;
@@ -86,27 +91,12 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   const int h = blockIdx.y;
   const int hk = h / a.group;
 
-  // (sequence, chunk) of this slot.
+  // (sequence, chunk) of this slot; surplus slots (varlen) zero their chunk-state rows.
   std::int64_t n = 0;
-  if (a.varlen) {
-    if (slot >= a.chunk_off[a.N]) {
-      if (a.saved) {
-        float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
-        for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
-      }
-      return;
-    }
-    std::int64_t lo = 0, hi = a.N;  // largest n with chunk_off[n] <= slot
-    while (lo < hi) {
-      const std::int64_t mid = (lo + hi + 1) / 2;
-      if (a.chunk_off[mid] <= slot)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    n = lo;
-  } else {
-    n = slot / a.nc;
+  if (!slot_sequence(a, slot, n)) {
+    float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
+    for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
+    return;
   }
   const SeqInfo seq = seq_info(a, n);
   const std::int64_t c = slot - seq.slot0;
@@ -128,25 +118,36 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
   __syncthreads();
-  // q, k rows (zero past the chunk and at masked positions) and the raw log decays.
-  for (int e = tid; e < kC * Dk; e += kThreads) {
-    const int r = e / Dk, i = e - r * Dk;
-    float kv = 0.f, qv = 0.f;
-    if (sValid[r] != 0.f) {
-      const std::int64_t t = t0 + r;
-      kv = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
-      qv = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
-    }
-    sK[r * ld + i] = kv;
-    sQ[r * ld + i] = qv;
-    if constexpr (PerKey) {
-      float gv = 0.f;
-      if (sValid[r] != 0.f) {
-        gv = load_as_float(a.g, seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh + i, a.g_dtype);
-        if (a.gate_in_kernel)
-          gv = negA * softplus(gv + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
+  // q, k rows (zero past the chunk and at masked positions) and the raw log decays; kLoads
+  // elements per thread loaded before any is stored (independent loads in flight).
+  for (int base = tid; base < kC * Dk; base += kLoads * kThreads) {
+    float kv[kLoads], qv[kLoads], gv[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      const int r = e / Dk, i = e - r * Dk;
+      kv[u] = qv[u] = gv[u] = 0.f;
+      if (e < kC * Dk && sValid[r] != 0.f) {
+        const std::int64_t t = t0 + r;
+        kv[u] = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
+        qv[u] = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
+        if constexpr (PerKey)
+          gv[u] = load_as_float(a.g, seq.b * a.g_sb + t * a.g_st + h * a.g_sh + i, a.g_dtype);
       }
-      sG[r * Dk + i] = gv;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      if (e >= kC * Dk) continue;
+      const int r = e / Dk, i = e - r * Dk;
+      sK[r * ld + i] = kv[u];
+      sQ[r * ld + i] = qv[u];
+      if constexpr (PerKey) {
+        float x = gv[u];
+        if (a.gate_in_kernel && sValid[r] != 0.f)
+          x = negA * softplus(x + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
+        sG[r * Dk + i] = x;
+      }
     }
   }
   if constexpr (!PerKey) {
@@ -267,7 +268,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   __syncthreads();
   // Tinv = (I + A)^{-1} by forward substitution into sQ's space ([C][68]): row r from rows < r,
-  // 4 threads per column.
+  // 4 threads (one warp's lanes) per column. Columns are independent (column col reads only
+  // column col of Tinv), so a warp barrier per row suffices.
   float* sT = sQ;
   for (int e = tid; e < kC * ldA; e += kThreads) {
     const int r = e / ldA, j = e - r * ldA;
@@ -282,9 +284,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
       if (part == 0 && col < r) sT[r * ldA + col] = -s;
-      __syncthreads();
+      __syncwarp();
     }
   }
+  __syncthreads();
   // W = Tinv (beta e^G .* K), then U = Tinv (beta .* V): tiles of 16 x 32 over the 8 warps.
   {
     float* Wg = a.W + pidx * kC * Dk;
@@ -305,13 +308,23 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
   }
   __syncthreads();
-  for (int e = tid; e < kC * Dv; e += kThreads) {
-    const int r = e / Dv, j = e - r * Dv;
-    float vv = 0.f;
-    if (sValid[r] != 0.f)
-      vv = sBeta[r] *
-           load_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype);
-    sK[r * ld + j] = vv;
+  for (int base = tid; base < kC * Dv; base += kLoads * kThreads) {
+    float vv[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      const int r = e / Dv, j = e - r * Dv;
+      vv[u] = 0.f;
+      if (e < kC * Dv && sValid[r] != 0.f)
+        vv[u] = load_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int e = base + u * kThreads;
+      if (e >= kC * Dv) continue;
+      const int r = e / Dv, j = e - r * Dv;
+      sK[r * ld + j] = sBeta[r] * vv[u];
+    }
   }
   __syncthreads();
   {
@@ -334,42 +347,62 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
 }
 
-// Shared memory of state_pass_kernel, in floats: sS [Dk][BV + 8], sX [C][Dk + 4], sU [C][BV + 8],
-// sP [C][68], gn [Dk].
-inline std::size_t state_smem_bytes(int Dk, int BV) {
-  return sizeof(float) * (Dk * (BV + 8) + kC * (Dk + 4) + kC * (BV + 8) + kC * 68 + Dk);
+// Shared memory of state_pass_kernel, in floats: sS [Dk][BV + 8], nbuf W buffers and nbuf Kd
+// buffers [C][Dk + 4], two U buffers [C][BV + 8], gn [Dk].
+inline std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
+  return sizeof(float) * (Dk * (BV + 8) + 2 * nbuf * kC * (Dk + 4) + 2 * kC * (BV + 8) + Dk);
 }
 
-// Copies rows [C][width] (row stride width in global memory) into shared rows of stride ld.
-__device__ __forceinline__ void load_rows(float* dst, int ld, const float* src, int width) {
-  const int w4 = width / 4;
-  for (int e = threadIdx.x; e < kC * w4; e += kThreads) {
-    const int r = e / w4, i = e - r * w4;
-    *reinterpret_cast<float4*>(dst + r * ld + 4 * i) =
-        *reinterpret_cast<const float4*>(src + std::int64_t(r) * width + 4 * i);
-  }
-}
-
+// Copies (cp.async) are in flight while the previous stage computes. Two W / Kd buffers (nbuf =
+// 2): chunk c + 1's W, U, Kd are issued as chunk c starts (one group per chunk). One buffer
+// (nbuf = 1): group A(c + 1) = W, U of chunk c + 1 issued once W S of chunk c is done, group
+// B(c + 1) = Kd of chunk c + 1 once the state update of chunk c is done; at the top of chunk c
+// the pending groups are A(c), B(c).
 template <int BV, bool X3>
-__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a) {
+__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int nbuf) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
-  constexpr int ldS = BV + 8, ldU = BV + 8, ldP = 68;
+  constexpr int ldS = BV + 8, ldU = BV + 8;
   const int ldX = Dk + 4;
+  const bool two = nbuf == 2;
   float* sS = smem;
-  float* sX = sS + Dk * ldS;
-  float* sU = sX + kC * ldX;
-  float* sP = sU + kC * ldU;
-  float* sgn = sP + kC * ldP;
+  float* sW = sS + Dk * ldS;
+  float* sKd = sW + nbuf * kC * ldX;
+  float* sU = sKd + nbuf * kC * ldX;
+  float* sgn = sU + 2 * kC * ldU;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t n = blockIdx.x;
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
   const SeqInfo seq = seq_info(a, n);
+  auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
+  auto wbuf = [&](std::int64_t c) { return sW + (two ? int(c & 1) : 0) * kC * ldX; };
+  auto kbuf = [&](std::int64_t c) { return sKd + (two ? int(c & 1) : 0) * kC * ldX; };
+  auto ubuf = [&](std::int64_t c) { return sU + int(c & 1) * kC * ldU; };
+  auto issue_WU = [&](std::int64_t c) {
+    copy_rows(wbuf(c), ldX, a.W + item(c) * kC * Dk, Dk, kC, Dk);
+    copy_rows(ubuf(c), ldU, a.U + item(c) * kC * Dv + col0, Dv, kC, BV);
+  };
+  auto issue_K = [&](std::int64_t c) {
+    copy_rows(kbuf(c), ldX, a.Kd + item(c) * kC * Dk, Dk, kC, Dk);
+  };
+  // gn of chunk c: thread tid < Dk holds gn[tid] (per-key gate), every thread the scalar.
+  auto load_gn = [&](std::int64_t c) {
+    if (a.per_key) return tid < Dk ? a.gn[item(c) * Dk + tid] : 0.f;
+    return a.gn[item(c)];
+  };
 
-  // S from h0 (or zeros).
+  // The first chunk's copies; S from h0 (or zeros).
+  float g_next = 0.f;
+  if (seq.chunks > 0) {
+    issue_WU(0);
+    detail::cp_async_commit();
+    issue_K(0);
+    detail::cp_async_commit();
+    g_next = load_gn(0);
+  }
   for (int e = tid; e < Dk * BV; e += kThreads) {
     const int i = e / BV, j = e - i * BV;
     float s = 0.f;
@@ -379,80 +412,72 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a) {
     }
     sS[i * ldS + j] = s;
   }
-  __syncthreads();
 
   for (std::int64_t c = 0; c < seq.chunks; ++c) {
     const std::int64_t slot = seq.slot0 + c;
-    const std::int64_t pidx = slot * a.Hv + h;
-    if (a.saved) {
+    const std::int64_t pidx = item(c);
+    const bool more = c + 1 < seq.chunks;
+    const float g_cur = g_next;
+    const float* cW = wbuf(c);
+    const float* cK = kbuf(c);
+    float* cU = ubuf(c);
+    if (two) {
+      cp_async_wait<0>();
+      __syncthreads();
+      if (more) {
+        issue_WU(c + 1);
+        issue_K(c + 1);
+        g_next = load_gn(c + 1);
+      }
+      detail::cp_async_commit();
+    } else {
+      cp_async_wait<1>();  // A(c)
+      __syncthreads();
+    }
+    // The state entering chunk c -> its row (slot, h).
+    {
       float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
       for (int e = tid; e < Dk * BV; e += kThreads) {
         const int i = e / BV, j = e - i * BV;
         rec[std::int64_t(i) * Dv + col0 + j] = sS[i * ldS + j];
       }
     }
-    load_rows(sX, ldX, a.W + pidx * kC * Dk, Dk);
-    {
-      const float* Ug = a.U + pidx * kC * Dv + col0;
-      constexpr int w4 = BV / 4;
-      for (int e = tid; e < kC * w4; e += kThreads) {
-        const int r = e / w4, i = e - r * w4;
-        *reinterpret_cast<float4*>(sU + r * ldU + 4 * i) =
-            *reinterpret_cast<const float4*>(Ug + std::int64_t(r) * Dv + 4 * i);
-      }
-    }
-    load_rows(sP, ldP, a.P + pidx * kC * kC, kC);
-    if (a.per_key) {
-      for (int i = tid; i < Dk; i += kThreads) sgn[i] = a.gn[pidx * Dk + i];
-    } else {
-      const float gv = a.gn[pidx];
-      for (int i = tid; i < Dk; i += kThreads) sgn[i] = gv;
-    }
-    __syncthreads();
     // Vnew = U - W S: tiles 16 x 16 of [C, BV].
     constexpr int vtiles = 4 * (BV / 16);
     for (int t = warp; t < vtiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
       float acc[2][4] = {};
       mma_tile<2, X3>(
-          acc, Dk, [&](int i, int k) { return sX[(r0 + i) * ldX + k]; },
+          acc, Dk, [&](int i, int k) { return cW[(r0 + i) * ldX + k]; },
           [&](int k, int j) { return sS[k * ldS + j0 + j]; });
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
-          sU[r * ldU + j] -= acc[nt][e];
+          cU[r * ldU + j] -= acc[nt][e];
         }
     }
     __syncthreads();
-    load_rows(sX, ldX, a.Qs + pidx * kC * Dk, Dk);
-    __syncthreads();
-    // O = Qs S + P Vnew, rows < len written.
-    const std::int64_t t0 = seq.bos + c * kC;
-    const std::int64_t rem = seq.len - c * kC;
-    const int len = rem < kC ? static_cast<int>(rem) : kC;
-    for (int t = warp; t < vtiles; t += kThreads / 32) {
-      const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
-      float acc[2][4] = {};
-      mma_tile<2, X3>(
-          acc, Dk, [&](int i, int k) { return sX[(r0 + i) * ldX + k]; },
-          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
-      mma_tile<2, X3>(
-          acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
-          [&](int k, int j) { return sU[k * ldU + j0 + j]; });
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
-          if (r < len)
-            store_from_float(a.o, seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col0 + j,
-                             a.in_dtype, acc[nt][e]);
-        }
+    if (!two) {
+      if (more) {
+        issue_WU(c + 1);
+        g_next = load_gn(c + 1);
+      }
+      detail::cp_async_commit();  // A(c + 1)
     }
-    __syncthreads();
-    load_rows(sX, ldX, a.Kd + pidx * kC * Dk, Dk);
+    // Vnew -> U's place in scratch (read by the output kernel); gn of chunk c -> sgn.
+    {
+      float* Ug = a.U + pidx * kC * Dv + col0;
+      constexpr int w4 = BV / 4;
+      for (int e = tid; e < kC * w4; e += kThreads) {
+        const int r = e / w4, i = e - r * w4;
+        *reinterpret_cast<float4*>(Ug + std::int64_t(r) * Dv + 4 * i) =
+            *reinterpret_cast<const float4*>(cU + r * ldU + 4 * i);
+      }
+    }
+    if (tid < Dk) sgn[tid] = g_cur;
+    if (!two) cp_async_wait<1>();  // B(c)
     __syncthreads();
     // S <- diag(gn) S + Kd^T Vnew: tiles 16 x 16 of [Dk, BV].
     const int stiles = (Dk / 16) * (BV / 16);
@@ -467,8 +492,8 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a) {
           acc[nt][e] = sgn[i] * sS[i * ldS + j];
         }
       mma_tile<2, X3>(
-          acc, kC, [&](int i, int k) { return sX[k * ldX + i0 + i]; },
-          [&](int k, int j) { return sU[k * ldU + j0 + j]; });
+          acc, kC, [&](int i, int k) { return cK[k * ldX + i0 + i]; },
+          [&](int k, int j) { return cU[k * ldU + j0 + j]; });
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -478,7 +503,13 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a) {
         }
     }
     __syncthreads();
+    if (!two) {
+      if (more) issue_K(c + 1);
+      detail::cp_async_commit();  // B(c + 1)
+    }
   }
+  cp_async_wait<0>();
+  __syncthreads();
   if (a.hout) {
     for (int e = tid; e < Dk * BV; e += kThreads) {
       const int i = e / BV, j = e - i * BV;
@@ -489,6 +520,68 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a) {
       else
         a.hout[base + i * a.hout_s2 + col0 + j] = s;
     }
+  }
+}
+
+// Shared memory of chunk_output_kernel, in floats: sQ [C][Dk + 4], sP [C][68], sS [Dk][BV + 8],
+// sV [C][BV + 8].
+inline std::size_t output_smem_bytes(int Dk, int BV) {
+  return sizeof(float) * (kC * (Dk + 4) + kC * 68 + Dk * (BV + 8) + kC * (BV + 8));
+}
+
+// O = Qs S + P Vnew for one chunk slot, value head and BV value columns (S: the state entering
+// the chunk, from the chunk-state rows); rows < n written to o.
+template <int BV, bool X3>
+__global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int Dk = a.Dk, Dv = a.Dv;
+  constexpr int ldP = 68, ldS = BV + 8, ldV = BV + 8;
+  const int ldX = Dk + 4;
+  float* sQ = smem;
+  float* sP = sQ + kC * ldX;
+  float* sS = sP + kC * ldP;
+  float* sV = sS + Dk * ldS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t slot = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = blockIdx.z * BV;
+  std::int64_t n = 0;
+  if (!slot_sequence(a, slot, n)) return;
+  const SeqInfo seq = seq_info(a, n);
+  const std::int64_t c = slot - seq.slot0;
+  const std::int64_t t0 = seq.bos + c * kC;
+  const std::int64_t rem = seq.len - c * kC;
+  const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+  if (len == 0) return;
+  const std::int64_t pidx = slot * a.Hv + h;
+  copy_rows(sQ, ldX, a.Qs + pidx * kC * Dk, Dk, kC, Dk);
+  copy_rows(sP, ldP, a.P + pidx * kC * kC, kC, kC, kC);
+  copy_rows(sV, ldV, a.U + pidx * kC * Dv + col0, Dv, kC, BV);
+  copy_rows(sS, ldS, a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV, a.states_vec);
+  detail::cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  constexpr int vtiles = 4 * (BV / 16);
+  for (int t = warp; t < vtiles; t += kThreads / 32) {
+    const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
+    float acc[2][4] = {};
+    mma_tile<2, X3>(
+        acc, Dk, [&](int i, int k) { return sQ[(r0 + i) * ldX + k]; },
+        [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+    mma_tile<2, X3>(
+        acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
+        [&](int k, int j) { return sV[k * ldV + j0 + j]; });
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+        if (r < len)
+          store_from_float(a.o, seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col0 + j,
+                           a.in_dtype, acc[nt][e]);
+      }
   }
 }
 
