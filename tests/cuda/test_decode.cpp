@@ -22,6 +22,7 @@
 
 #include "cuda/tuning.h"
 #include "gpu_support.h"
+#include "support_gtest.h"
 
 namespace gdr::test {
 namespace {
