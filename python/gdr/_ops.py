@@ -5,6 +5,7 @@ validates every shape, dtype, device, layout and value before touching memory; i
 Python unchanged (ValueError for bad arguments, RuntimeError for failures while running). Every
 message starts with the `op` argument: the public function the caller called (gdr._api passes
 e.g. "gdr.chunk_gated_delta_rule"; called directly, "gdr.forward", "gdr.backward", "gdr.decode").
+`scale` 0 means 1/sqrt(Dk), resolved by the core (Problem::scale) like every other default.
 `check_values` asks for the value check of g on CUDA tensors (g <= 0; include/gdr/params.h,
 ExecConfig::check_values: it synchronises the stream); CPU tensors are always checked.
 
