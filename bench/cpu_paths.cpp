@@ -60,6 +60,7 @@
 #include "fma_peak.h"
 #include "gdr/gdr.h"
 #include "process_memory.h"
+#include "support.h"
 
 namespace {
 
@@ -226,16 +227,6 @@ json spread(const std::vector<double>& r) {
           {"q1", quantile(r, 0.25)},
           {"q3", quantile(r, 0.75)},
           {"samples", r}};
-}
-
-double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = double(a[i]) - double(ref[i]);
-    num += d * d;
-    den += double(ref[i]) * double(ref[i]);
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 json machine() {
@@ -434,12 +425,12 @@ int run_ab(const Options& o) {
   time_once(p, o, pb);
   const std::vector<float> ob = p.o, dqb = p.dq, dkb = p.dk, dvb = p.dv, dgb = p.dg;
   time_once(p, o, pa);
-  json err = {{"o", rel_error(p.o, ob)}};
+  json err = {{"o", gdr::test::rel_error(p.o, ob)}};
   if (o.backward()) {
-    err["dq"] = rel_error(p.dq, dqb);
-    err["dk"] = rel_error(p.dk, dkb);
-    err["dv"] = rel_error(p.dv, dvb);
-    err["dg"] = rel_error(p.dg, dgb);
+    err["dq"] = gdr::test::rel_error(p.dq, dqb);
+    err["dk"] = gdr::test::rel_error(p.dk, dkb);
+    err["dv"] = gdr::test::rel_error(p.dv, dvb);
+    err["dg"] = gdr::test::rel_error(p.dg, dgb);
   }
   // A/A calibration, then A/B in alternating order.
   std::vector<double> aa, ab, ta, tb;

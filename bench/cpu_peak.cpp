@@ -9,12 +9,12 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
-#include <Eigen/Core>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cpu/eigen.h"
 #include "fma_peak.h"
 
 namespace {

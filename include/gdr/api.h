@@ -28,4 +28,8 @@ Path resolve_backward_path(const BackwardParams& params, const ExecConfig& confi
 // True when this build has the CUDA paths compiled in.
 bool cuda_available();
 
+// True when gdr::backward runs for tensors on `device` in this build (the CPU: always; CUDA: not
+// yet, the call is refused: the Python layer then runs the CPU backward on host copies).
+bool backward_available(DeviceType device);
+
 }  // namespace gdr

@@ -31,7 +31,9 @@ struct Inputs {
   TensorView k;           // [B, T, Hk, Dk]      as q
   TensorView v;           // [B, T, Hv, Dv]      as q
   TensorView g;           // [B, T, Hv] scalar gate or [B, T, Hv, Dk] per-key gate; natural log
-                          //   of the decay (<= 0), or raw `a` with gate_in_kernel; f32 or q's dtype
+                          //   of the decay (<= 0; g > 0 is refused, -inf and NaN pass through,
+                          //   see ExecConfig::check_values), or raw `a` with
+                          //   gate_in_kernel; f32 or q's dtype
   TensorView beta;        // [B, T, Hv]          f32 or q's dtype; raw `b` with beta_sigmoid
   TensorView A_log;       // [Hv]                f32; only with gate_in_kernel
   TensorView dt_bias;     // [Hv] (scalar gate) or [Hv, Dk] (per-key gate) f32; only with gate_in_kernel
@@ -101,6 +103,21 @@ struct DecodeParams {
                             //   (negative: skip b, its o rows are written as 0); else row b (P >= B)
   TensorView o;             // [B, T, Hv, Dv] written
   Options opts;
+
+  // The token inputs as the forward takes them (h0 and cu_seqlens not given): what validation
+  // and the paths read, so that decode and forward share one description of the inputs.
+  Inputs inputs() const {
+    Inputs in;
+    in.q = q;
+    in.k = k;
+    in.v = v;
+    in.g = g;
+    in.beta = beta;
+    in.A_log = A_log;
+    in.dt_bias = dt_bias;
+    in.mask = mask;
+    return in;
+  }
 };
 
 // How to run a call: which path, tuning knobs, and the CUDA stream for device tensors.
@@ -112,6 +129,20 @@ struct ExecConfig {
   // Tests and benchmarks only: forced choices of the CUDA decode plan (gdr/decode_overrides.h),
   // read by decode and forward on CUDA tensors; nullptr = the rules.
   const DecodeOverrides* decode_overrides = nullptr;
+  // The name that starts every error message of the call (gdr::InvalidArgument, and
+  // gdr::RuntimeFailure); nullptr means "gdr.forward", "gdr.backward" or "gdr.decode". A binding
+  // passes the public function its caller called, so that every message of one call starts
+  // with one name (the Python functions pass e.g. "gdr.chunk_gated_delta_rule").
+  const char* op_name = nullptr;
+  // Check the values of g before running: g is the natural log of the decay, so g > 0 (a
+  // forgotten log-sigmoid, say) is refused with the first offending value and its index;
+  // -inf and NaN are not refused: they pass through to the outputs (docs/operator.md §6).
+  // Not with gate_in_kernel (g then holds the raw `a`, any real value).
+  // CPU tensors: always checked, whatever this flag (one read of g, small next to the call).
+  // CUDA tensors: checked only when this is true, by a reduction kernel over g on `stream`
+  // followed by a synchronisation of `stream` to read its result: a round trip per call, and
+  // a call with it cannot be captured in a CUDA graph. Off by default (serving, graphs).
+  bool check_values = false;
 };
 
 }  // namespace gdr

@@ -61,9 +61,12 @@ struct SavedShape {
   }
 };
 
-// The saved shape of a validated problem for chunk size `chunk_size` (16, 32 or 64).
+// The saved shape of a validated problem for chunk size `chunk_size` (16, 32 or 64; another
+// size throws InvalidArgument whose message starts with `op`). Only B, T, N, varlen, Hv, Dk, Dv
+// and dtype of `prob` are read, so a caller may fill those alone (the Python binding does).
 SavedShape saved_shape(const Problem& prob, int chunk_size = 64,
-                       SavedContent content = SavedContent::chunk_states);
+                       SavedContent content = SavedContent::chunk_states,
+                       const char* op = "gdr.saved_shape");
 
 // Checks `saved` (rank, shape, dtype, device, last-dim contiguity) against saved_shape(prob,
 // chunk_size, content) for either content; throws InvalidArgument whose message starts with
@@ -72,8 +75,10 @@ void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size
 
 // Validate every argument (docs/operator.md §6) before any memory is touched; throws
 // InvalidArgument whose message starts with `op`. The values of cu_seqlens (start 0,
-// non-decreasing, end T) are checked here when it lives in host memory; for a CUDA tensor the
-// CUDA dispatch copies it to the host first and calls check_cu_seqlens_values.
+// non-decreasing, end T), of state_indices (< P) and of g (<= 0, unless gate_in_kernel; see
+// ExecConfig::check_values) are checked here when they live in host memory; for a CUDA
+// cu_seqlens the CUDA dispatch copies it to the host first and calls check_cu_seqlens_values,
+// and a CUDA g is checked by the dispatcher when ExecConfig::check_values asks for it.
 Problem validate_forward(const ForwardParams& p, const char* op = "gdr.forward");
 Problem validate_backward(const BackwardParams& p, const char* op = "gdr.backward");
 Problem validate_decode(const DecodeParams& p, const char* op = "gdr.decode");

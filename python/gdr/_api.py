@@ -18,17 +18,24 @@ What gdr adds, as keyword arguments:
     A_log, dt_bias     gate in kernel: g holds the raw `a`, g = -exp(A_log) * softplus(a + dt_bias)
     use_beta_sigmoid_in_kernel   beta holds the raw `b`; beta = sigmoid(b)
     path, chunk_size   'auto' | 'reference' | 'sequential' | 'chunkwise'; 16 | 32 | 64
+    check_values       check g <= 0 on CUDA tensors too (a reduction kernel and a stream
+                       synchronisation per call, not capturable in CUDA graphs; off by default).
+                       CPU tensors are always checked: g > 0 (a forgotten log-sigmoid) is refused
+                       with its index and value; -inf is allowed, NaN passes through
     save_chunk_intermediates   (chunk_gated_delta_rule, CPU training) the forward keeps each
                        chunk's Tinv and Vnew as well as its incoming state (what docs/operator.md §3
                        keeps, and the default of a CPU training call) for the backward, which
                        then skips recomputing them: ~1.07x faster fwd + bwd, 1.75 KB per token
                        and value head at Dk = Dv = 128 instead of 1 KB; off by default
 All of them are differentiable (autograd) and traceable (torch.compile(fullgraph=True)).
+
+Errors: every message of a call starts with the name of the function called, e.g.
+"gdr.chunk_gated_delta_rule: v has 3 heads; Hv must be a multiple of Hk=2", whichever layer
+finds the problem (this module, the binding or the core, which is handed that name).
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Optional
 
@@ -38,9 +45,6 @@ from torch import Tensor
 from . import _ops  # registers torch.ops.gdr.*
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "decode_step"]
-
-_LAYOUTS = ("k_first", "v_first")
-_PATHS = ("auto", "reference", "sequential", "chunkwise")
 
 
 def _tensor(op: str, name: str, x, optional: bool = False) -> Optional[Tensor]:
@@ -53,13 +57,15 @@ def _tensor(op: str, name: str, x, optional: bool = False) -> Optional[Tensor]:
     return x
 
 
-def _scale(op: str, scale, k: Tensor) -> float:
+def _scale(op: str, scale) -> float:
+    # The core resolves the scale (0 means 1/sqrt(Dk)) and refuses a non-finite one; only the
+    # Python spelling of "default" (None) and a literal 0, which would mean it too, are here.
     if scale is None:
-        return 1.0 / math.sqrt(k.shape[-1]) if k.dim() > 0 and k.shape[-1] > 0 else 1.0
+        return 0.0
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__}")
-    if scale == 0 or not math.isfinite(scale):
-        raise ValueError(f"{op}: scale is {scale}; must be finite and nonzero (None: 1/sqrt(Dk))")
+    if scale == 0:
+        raise ValueError(f"{op}: scale is 0; must be nonzero (None: 1/sqrt(Dk))")
     return float(scale)
 
 
@@ -72,16 +78,14 @@ def _layout(op: str, state_layout, transpose_state_layout) -> str:
             raise ValueError(f"{op}: state_layout='{state_layout}' contradicts "
                              f"transpose_state_layout={transpose_state_layout}")
         return want
-    if state_layout is None:
-        return "k_first"
-    if state_layout not in _LAYOUTS:
-        raise ValueError(f"{op}: state_layout is {state_layout!r}; allowed: 'k_first', 'v_first'")
-    return state_layout
+    # The binding checks the value ('k_first' or 'v_first'), with the core's message style.
+    return "k_first" if state_layout is None else state_layout
 
 
 def _path(op: str, path, chunk_size) -> tuple[str, int]:
-    if path not in _PATHS:
-        raise ValueError(f"{op}: path is {path!r}; allowed: " + ", ".join(map(repr, _PATHS)))
+    # The binding checks path's value and the core chunk_size's; only the Python types here.
+    if not isinstance(path, str):
+        raise TypeError(f"{op}: path must be a str, got {type(path).__name__}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise TypeError(f"{op}: chunk_size must be an int (16, 32 or 64)")
     return path, chunk_size
@@ -118,7 +122,8 @@ def _check_unknown(op: str, kwargs: dict) -> None:
 
 def _run_forward(op, q, k, v, g, beta, scale, initial_state, output_final_state,
                  use_qk_l2norm_in_kernel, cu_seqlens, mask, state_layout, A_log, dt_bias,
-                 gate_in_kernel, beta_sigmoid, path, chunk_size, save_chunk_intermediates=False):
+                 gate_in_kernel, beta_sigmoid, path, chunk_size, save_chunk_intermediates,
+                 check_values):
     if cu_seqlens is not None and cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{op}: cu_seqlens has dtype {cu_seqlens.dtype}; allowed: int32, int64")
     if initial_state is not None and initial_state.dtype in (torch.float16, torch.bfloat16):
@@ -134,7 +139,7 @@ def _run_forward(op, q, k, v, g, beta, scale, initial_state, output_final_state,
     o, final_state, _ = torch.ops.gdr.forward(
         q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale, state_layout,
         gate_in_kernel, bool(beta_sigmoid), bool(use_qk_l2norm_in_kernel),
-        bool(output_final_state), path, chunk_size, save)
+        bool(output_final_state), path, chunk_size, save, bool(check_values), op)
     return o, (final_state if output_final_state else None)
 
 
@@ -160,6 +165,7 @@ def chunk_gated_delta_rule(
     path: str = "auto",
     chunk_size: int = 64,
     save_chunk_intermediates: bool = False,
+    check_values: bool = False,
     **kwargs,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """The chunkwise-parallel gated delta rule (training and prefill). Returns (o, final_state).
@@ -175,11 +181,11 @@ def chunk_gated_delta_rule(
                     ("A_log", A_log), ("dt_bias", dt_bias)):
         _tensor(op, name, x, optional=True)
     return _run_forward(
-        op, q, k, v, g, beta, _scale(op, scale, k), initial_state, output_final_state,
+        op, q, k, v, g, beta, _scale(op, scale), initial_state, output_final_state,
         use_qk_l2norm_in_kernel, cu_seqlens, mask,
         _layout(op, state_layout, transpose_state_layout), A_log, dt_bias,
         _gate_in_kernel(op, use_gate_in_kernel, A_log, dt_bias), use_beta_sigmoid_in_kernel,
-        *_path(op, path, chunk_size), save_chunk_intermediates)
+        *_path(op, path, chunk_size), save_chunk_intermediates, check_values)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -204,6 +210,7 @@ def fused_recurrent_gated_delta_rule(
     use_gate_in_kernel: Optional[bool] = None,
     use_beta_sigmoid_in_kernel: bool = False,
     path: str = "sequential",
+    check_values: bool = False,
     **kwargs,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """The token-by-token gated delta rule (decode-style: state in, final state out).
@@ -241,10 +248,10 @@ def fused_recurrent_gated_delta_rule(
     if beta is None:
         beta = torch.ones(v.shape[:3], dtype=q.dtype, device=v.device)
     return _run_forward(
-        op, q, k, v, g, beta, _scale(op, scale, k), initial_state, output_final_state,
+        op, q, k, v, g, beta, _scale(op, scale), initial_state, output_final_state,
         use_qk_l2norm_in_kernel, cu_seqlens, mask,
         _layout(op, state_layout, transpose_state_layout), A_log, dt_bias, gate_in_kernel,
-        use_beta_sigmoid_in_kernel, *_path(op, path, 64))
+        use_beta_sigmoid_in_kernel, *_path(op, path, 64), False, check_values)
 
 
 def decode_step(
@@ -265,6 +272,7 @@ def decode_step(
     dt_bias: Optional[Tensor] = None,
     use_gate_in_kernel: Optional[bool] = None,
     use_beta_sigmoid_in_kernel: bool = False,
+    check_values: bool = False,
 ) -> Tensor:
     """One serving step: T = 1..16 new tokens for each of B sequences, state updated in place.
 
@@ -282,7 +290,7 @@ def decode_step(
         _tensor(op, name, x, optional=True)
     q, k, v, g, beta = (_last_contiguous(t) for t in (q, k, v, g, beta))
     return torch.ops.gdr.decode_(
-        q, k, v, g, beta, state, state_indices, A_log, dt_bias, mask, _scale(op, scale, k),
+        q, k, v, g, beta, state, state_indices, A_log, dt_bias, mask, _scale(op, scale),
         _layout(op, state_layout, transpose_state_layout),
         _gate_in_kernel(op, use_gate_in_kernel, A_log, dt_bias),
-        bool(use_beta_sigmoid_in_kernel), bool(use_qk_l2norm_in_kernel))
+        bool(use_beta_sigmoid_in_kernel), bool(use_qk_l2norm_in_kernel), bool(check_values), op)

@@ -1,8 +1,13 @@
 """The torch.library operators of gdr: torch.ops.gdr.forward, .backward and .decode_.
 
 Each allocates its outputs, hands DLPack views to the core (gdr._C) and returns. The core
-validates every shape, dtype, device and layout before touching memory; its messages reach Python
-unchanged (ValueError for bad arguments, RuntimeError for failures while running).
+validates every shape, dtype, device, layout and value before touching memory; its messages reach
+Python unchanged (ValueError for bad arguments, RuntimeError for failures while running). Every
+message starts with the `op` argument: the public function the caller called (gdr._api passes
+e.g. "gdr.chunk_gated_delta_rule"; called directly, "gdr.forward", "gdr.backward", "gdr.decode").
+`scale` 0 means 1/sqrt(Dk), resolved by the core (Problem::scale) like every other default.
+`check_values` asks for the value check of g on CUDA tensors (g <= 0; include/gdr/params.h,
+ExecConfig::check_values: it synchronises the stream); CPU tensors are always checked.
 
 Autograd: forward's gradient is the backward operator (docs/operator.md §4), registered with
 register_autograd. Fake (meta) implementations make the operators traceable by torch.compile.
@@ -71,30 +76,21 @@ def _state_shape(q, k, v, cu_seqlens, state_layout):
 SAVED_CONTENTS = ("none", "chunk_states", "chunk_intermediates")
 
 
-def _check_saved_content(content: str) -> None:
+def _check_saved_content(content: str, op: str) -> None:
     if content not in SAVED_CONTENTS:
-        raise ValueError(f"gdr.forward: save_for_backward is {content!r}; allowed: "
+        raise ValueError(f"{op}: save_for_backward is {content!r}; allowed: "
                          + ", ".join(repr(c) for c in SAVED_CONTENTS))
 
 
-def saved_shape(q, k, v, cu_seqlens, chunk_size, content="chunk_states"):
+def saved_shape(q, k, v, cu_seqlens, chunk_size, content="chunk_states", op="gdr.forward"):
     """[chunk_rows, Hv, record] of the saved-for-backward tensor, from shapes alone (so that the
-    fake implementation and dynamic shapes work): gdr::saved_shape (include/gdr/problem.h).
-    chunk_rows = B ceil(T / C), or under varlen floor((T + N (C - 1)) / C), an upper bound of
-    sum_n ceil(L_n / C); record = Dk Dv (the chunk state S) for "chunk_states", Dk Dv + C^2 +
-    C Dv (S | Tinv | Vnew) for "chunk_intermediates"."""
-    c = chunk_size if chunk_size > 0 else 1  # a bad chunk_size is refused by the core
-    b, t = _size(q, 0), _size(q, 1)
-    hv, dk, dv = _size(v, 2), _size(k, 3), _size(v, 3)
-    if cu_seqlens is not None:
-        n = max(_size(cu_seqlens, 0) - 1, 0)
-        rows = (t + n * (c - 1)) // c
-    else:
-        rows = b * ((t + c - 1) // c)
-    record = dk * dv
-    if content == "chunk_intermediates":
-        record += c * c + c * dv
-    return (rows, hv, record)
+    fake implementation works): the core's gdr::saved_shape (include/gdr/problem.h) through
+    gdr._C.saved_shape."""
+    n = (_size(cu_seqlens, 0) - 1) if cu_seqlens is not None else _size(q, 0)
+    return tuple(_C.saved_shape(_size(q, 0), _size(q, 1), max(n, 0), cu_seqlens is not None,
+                                _size(v, 2), _size(k, 3), _size(v, 3), chunk_size,
+                                q.dtype == torch.float64, content == "chunk_intermediates",
+                                op=op))
 
 
 def wants_saved(path: str, tensors) -> bool:
@@ -108,16 +104,16 @@ def wants_saved(path: str, tensors) -> bool:
 
 
 def _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state, chunk_size,
-                   save_for_backward):
+                   save_for_backward, op):
     o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
     if output_final_state:
         fs = torch.empty(_state_shape(q, k, v, cu_seqlens, state_layout), dtype=_state_dtype(q),
                          device=v.device)
     else:
         fs = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
-    _check_saved_content(save_for_backward)
+    _check_saved_content(save_for_backward, op)
     if save_for_backward != "none":
-        saved = torch.empty(saved_shape(q, k, v, cu_seqlens, chunk_size, save_for_backward),
+        saved = torch.empty(saved_shape(q, k, v, cu_seqlens, chunk_size, save_for_backward, op),
                             dtype=_state_dtype(q), device=v.device)
     else:
         saved = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
@@ -148,28 +144,31 @@ def forward(
     path: str,
     chunk_size: int,
     save_for_backward: str = "none",
+    check_values: bool = False,
+    op: str = "gdr.forward",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o [B,T,Hv,Dv], the final state ([N,Hv,Dk,Dv], or shape [0] when not requested) and the
     saved-for-backward tensor ([chunk_rows, Hv, record], see saved_shape; shape [0] when
     save_for_backward is "none"; "chunk_states" or "chunk_intermediates" make the CPU path
     chunkwise)."""
     o, fs, saved = _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state,
-                                  chunk_size, save_for_backward)
+                                  chunk_size, save_for_backward, op)
     _C.forward(
         _d(q), _d(k), _d(v), _d(g), _d(beta), _d(A_log), _d(dt_bias), _d(initial_state),
         _d(mask), _d(cu_seqlens), o, fs if output_final_state else None,
         scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
         beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
-        stream=_stream(v), saved=saved if save_for_backward != "none" else None)
+        stream=_stream(v), saved=saved if save_for_backward != "none" else None,
+        check_values=check_values, op=op)
     return o, fs, saved
 
 
 @forward.register_fake
 def _forward_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale,
                   state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path,
-                  chunk_size, save_for_backward="none"):
+                  chunk_size, save_for_backward="none", check_values=False, op="gdr.forward"):
     return _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state, chunk_size,
-                          save_for_backward)
+                          save_for_backward, op)
 
 
 # ---- backward ------------------------------------------------------------------------------------
@@ -195,7 +194,7 @@ _warned_cuda_backward = False
 
 def _run_backward(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state, mask,
                   cu_seqlens, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path,
-                  chunk_size, saved=None):
+                  chunk_size, saved, op):
     grads = _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state)
     dq, dk, dv, dg, dbeta, dA, ddt, dh0 = grads
     _C.backward(
@@ -206,7 +205,7 @@ def _run_backward(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_
         dh0 if initial_state is not None else None,
         scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
         beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
-        stream=_stream(v), saved=saved)
+        stream=_stream(v), saved=saved, op=op)
     return grads
 
 
@@ -232,6 +231,7 @@ def backward(
     path: str,
     chunk_size: int,
     saved: Optional[Tensor] = None,
+    op: str = "gdr.backward",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0); an absent input's gradient has shape [0].
 
@@ -246,11 +246,8 @@ def backward(
     args[0] = _last_contiguous(args[0])
     args[1] = _last_contiguous(args[1])
     opts = (scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path, chunk_size)
-    try:
-        return _run_backward(*args, *opts, saved=_d(saved))
-    except ValueError as e:
-        if v.device.type != "cuda" or "backward on cuda is not available" not in str(e):
-            raise
+    if _C.backward_available(v.device.type):
+        return _run_backward(*args, *opts, _d(saved), op)
     if not _warned_cuda_backward:
         warnings.warn("gdr: no CUDA backward in this build; gradients are computed on the CPU",
                       RuntimeWarning, stacklevel=2)
@@ -258,14 +255,14 @@ def backward(
     host = [None if t is None else t.cpu() for t in args]
     cpu_path = "auto" if path in ("sequential", "chunkwise", "auto") else path
     grads = _run_backward(*host, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm,
-                          cpu_path, chunk_size)
+                          cpu_path, chunk_size, None, op)
     return tuple(t.to(v.device) for t in grads)
 
 
 @backward.register_fake
 def _backward_fake(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state, mask,
                    cu_seqlens, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path,
-                   chunk_size, saved=None):
+                   chunk_size, saved=None, op="gdr.backward"):
     return _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state)
 
 
@@ -274,6 +271,7 @@ def _forward_setup_context(ctx, inputs, output):
      gate_in_kernel, beta_sigmoid, qk_l2norm, output_final_state, path, chunk_size,
      *rest) = inputs
     save_for_backward = rest[0] if rest else "none"
+    op = rest[2] if len(rest) > 2 else "gdr.forward"
     saved = output[2] if save_for_backward != "none" else None
     ctx.mark_non_differentiable(output[2])
     # Pass absent output gradients as None: otherwise autograd makes a zero tensor the size of
@@ -283,6 +281,9 @@ def _forward_setup_context(ctx, inputs, output):
                           saved)
     ctx.opts = (scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path, chunk_size)
     ctx.output_final_state = output_final_state
+    # The backward's messages carry the public function's name too (gdr.backward when the
+    # caller called torch.ops.gdr.forward itself).
+    ctx.op = "gdr.backward" if op == "gdr.forward" else op
 
 
 def _forward_backward(ctx, do, dfs, _dsaved):
@@ -293,12 +294,12 @@ def _forward_backward(ctx, do, dfs, _dsaved):
         dfs = None
     dq, dk, dv, dg, dbeta, dA, ddt, dh0 = torch.ops.gdr.backward(
         _last_contiguous(do), _last_contiguous(dfs), q, k, v, g, beta, A_log, dt_bias,
-        initial_state, mask, cu_seqlens, *ctx.opts, saved)
+        initial_state, mask, cu_seqlens, *ctx.opts, saved, ctx.op)
     return (dq, dk, dv, dg, dbeta,
             dA if A_log is not None else None,
             ddt if dt_bias is not None else None,
             dh0 if initial_state is not None else None,
-            None, None, None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)
@@ -324,6 +325,8 @@ def decode_(
     gate_in_kernel: bool,
     beta_sigmoid: bool,
     qk_l2norm: bool,
+    check_values: bool = False,
+    op: str = "gdr.decode",
 ) -> Tensor:
     """o [B,T,Hv,Dv]; state [P,Hv,Dk,Dv] (or v-first) is read and updated in place."""
     o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
@@ -331,11 +334,12 @@ def decode_(
         _d(q), _d(k), _d(v), _d(g), _d(beta), _d(A_log), _d(dt_bias), _d(mask), state.detach(),
         _d(state_indices), o, scale=scale, state_layout=state_layout,
         gate_in_kernel=gate_in_kernel, beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm,
-        stream=_stream(v))
+        stream=_stream(v), check_values=check_values, op=op)
     return o
 
 
 @decode_.register_fake
 def _decode_fake(q, k, v, g, beta, state, state_indices, A_log, dt_bias, mask, scale,
-                 state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm):
+                 state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, check_values=False,
+                 op="gdr.decode"):
     return torch.empty(v.shape, dtype=q.dtype, device=v.device)

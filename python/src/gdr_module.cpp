@@ -2,8 +2,12 @@
 // (torch, numpy, ...; CPU or CUDA) become gdr::TensorView (pointer, dtype, device, shape, int64
 // strides in elements), keyword options become gdr::Options / gdr::ExecConfig, and the core runs
 // with the GIL released. Output tensors are allocated by the caller (python/gdr/_ops.py).
-// The core validates every shape, dtype, device and layout; its gdr::InvalidArgument reaches
-// Python as ValueError and gdr::RuntimeFailure as RuntimeError, with the message unchanged.
+// The core validates every shape, dtype, device and value; this module validates only what it
+// converts (DLPack dtypes and devices, the state_layout and path strings), in the core's
+// message style. Every message of a call starts with its `op` argument (the public Python
+// function its caller called, e.g. gdr.chunk_gated_delta_rule; ExecConfig::op_name in the
+// core). gdr::InvalidArgument reaches Python as ValueError and gdr::RuntimeFailure as
+// RuntimeError, with the message unchanged.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -111,6 +115,12 @@ gdr::StateLayout to_layout(const std::string& s, const char* op) {
   refuse(op, "state_layout is '" + s + "'; allowed: 'k_first', 'v_first'");
 }
 
+gdr::DeviceType to_device(const std::string& s, const char* op) {
+  if (s == "cpu") return gdr::DeviceType::cpu;
+  if (s == "cuda") return gdr::DeviceType::cuda;
+  refuse(op, "device is '" + s + "'; allowed: 'cpu', 'cuda'");
+}
+
 gdr::Path to_path(const std::string& s, const char* op) {
   if (s == "auto" || s == "automatic") return gdr::Path::automatic;
   if (s == "reference") return gdr::Path::reference;
@@ -131,13 +141,16 @@ gdr::Options to_options(double scale, const std::string& state_layout, bool gate
   return o;
 }
 
+// `op` must outlive the call (it is the caller's std::string).
 gdr::ExecConfig to_config(const std::string& path, int chunk_size, int num_threads,
-                          std::uintptr_t stream, const char* op) {
+                          std::uintptr_t stream, bool check_values, const char* op) {
   gdr::ExecConfig c;
   c.path = to_path(path, op);
   c.chunk_size = chunk_size;
   c.num_threads = num_threads;
   c.stream = reinterpret_cast<void*>(stream);
+  c.check_values = check_values;
+  c.op_name = op;
   return c;
 }
 
@@ -163,15 +176,16 @@ void forward(const In& q, const In& k, const In& v, const In& g, const In& beta,
              const OptIn& cu_seqlens, Out o, OptOut final_state, double scale,
              const std::string& state_layout, bool gate_in_kernel, bool beta_sigmoid,
              bool qk_l2norm, double l2norm_eps, const std::string& path, int chunk_size,
-             int num_threads, std::uintptr_t stream, OptOut saved) {
-  const char* op = "gdr.forward";
+             int num_threads, std::uintptr_t stream, OptOut saved, bool check_values,
+             const std::string& op_name) {
+  const char* op = op_name.c_str();
   gdr::ForwardParams p;
   p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
   p.o = to_view(o, op, "o");
   p.final_state = to_view(final_state, op, "final_state");
   p.saved = to_view(saved, op, "saved");
   p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
-  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, op);
+  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, check_values, op);
   nb::gil_scoped_release release;
   gdr::forward(p, config);
 }
@@ -183,8 +197,8 @@ void backward(const In& q, const In& k, const In& v, const In& g, const In& beta
               OptOut ddt_bias, OptOut dh0, double scale, const std::string& state_layout,
               bool gate_in_kernel, bool beta_sigmoid, bool qk_l2norm, double l2norm_eps,
               const std::string& path, int chunk_size, int num_threads, std::uintptr_t stream,
-              const OptIn& saved) {
-  const char* op = "gdr.backward";
+              const OptIn& saved, bool check_values, const std::string& op_name) {
+  const char* op = op_name.c_str();
   gdr::BackwardParams p;
   p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
   p.dout = to_view(dout, op, "dout");
@@ -199,7 +213,7 @@ void backward(const In& q, const In& k, const In& v, const In& g, const In& beta
   p.dh0 = to_view(dh0, op, "dh0");
   p.saved = to_view(saved, op, "saved");
   p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
-  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, op);
+  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, check_values, op);
   nb::gil_scoped_release release;
   gdr::backward(p, config);
 }
@@ -208,8 +222,8 @@ void decode(const In& q, const In& k, const In& v, const In& g, const In& beta, 
             const OptIn& dt_bias, const OptIn& mask, Out state, const OptIn& state_indices, Out o,
             double scale, const std::string& state_layout, bool gate_in_kernel, bool beta_sigmoid,
             bool qk_l2norm, double l2norm_eps, const std::string& path, int num_threads,
-            std::uintptr_t stream) {
-  const char* op = "gdr.decode";
+            std::uintptr_t stream, bool check_values, const std::string& op_name) {
+  const char* op = op_name.c_str();
   gdr::DecodeParams p;
   p.q = to_view(q, op, "q");
   p.k = to_view(k, op, "k");
@@ -223,32 +237,15 @@ void decode(const In& q, const In& k, const In& v, const In& g, const In& beta, 
   p.state_indices = to_view(state_indices, op, "state_indices");
   p.o = to_view(o, op, "o");
   p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
-  const gdr::ExecConfig config = to_config(path, 64, num_threads, stream, op);
+  const gdr::ExecConfig config = to_config(path, 64, num_threads, stream, check_values, op);
   nb::gil_scoped_release release;
   gdr::decode(p, config);
-}
-
-std::string resolve_forward_path(const In& q, const In& k, const In& v, const In& g, const In& beta,
-                                 const OptIn& A_log, const OptIn& dt_bias,
-                                 const OptIn& initial_state, const OptIn& mask,
-                                 const OptIn& cu_seqlens, Out o, OptOut final_state, double scale,
-                                 const std::string& state_layout, bool gate_in_kernel,
-                                 bool beta_sigmoid, bool qk_l2norm, double l2norm_eps,
-                                 const std::string& path, int chunk_size, int num_threads) {
-  const char* op = "gdr.forward";
-  gdr::ForwardParams p;
-  p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
-  p.o = to_view(o, op, "o");
-  p.final_state = to_view(final_state, op, "final_state");
-  p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
-  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, 0, op);
-  return std::string(gdr::to_string(gdr::resolve_forward_path(p, config)));
 }
 
 // gdr::saved_shape for a call of these sizes: (chunk_rows, Hv, record).
 nb::tuple saved_shape(std::int64_t B, std::int64_t T, std::int64_t N, bool varlen, std::int64_t Hv,
                       std::int64_t Dk, std::int64_t Dv, int chunk_size, bool f64,
-                      bool intermediates) {
+                      bool intermediates, const std::string& op) {
   gdr::Problem prob;
   prob.B = B;
   prob.T = T;
@@ -260,7 +257,8 @@ nb::tuple saved_shape(std::int64_t B, std::int64_t T, std::int64_t N, bool varle
   prob.dtype = f64 ? gdr::DType::f64 : gdr::DType::f32;
   const gdr::SavedShape s = gdr::saved_shape(
       prob, chunk_size,
-      intermediates ? gdr::SavedContent::chunk_intermediates : gdr::SavedContent::chunk_states);
+      intermediates ? gdr::SavedContent::chunk_intermediates : gdr::SavedContent::chunk_states,
+      op.c_str());
   return nb::make_tuple(s.chunk_rows, s.Hv, s.record);
 }
 
@@ -282,7 +280,7 @@ NB_MODULE(_C, m) {
   m.def("cuda_available", &gdr::cuda_available,
         "True when this build of gdr has the CUDA paths compiled in.");
 
-  // Keyword names shared by forward / backward / resolve_forward_path.
+  // Keyword names shared by forward and backward.
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
         nb::arg("initial_state").none(), nb::arg("mask").none(), nb::arg("cu_seqlens").none(),
@@ -291,8 +289,9 @@ NB_MODULE(_C, m) {
         nb::arg("beta_sigmoid") = false, nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6,
         nb::arg("path") = "auto", nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0,
         nb::arg("stream") = 0, nb::arg("saved").none() = nb::none(),
+        nb::arg("check_values") = false, nb::arg("op") = "gdr.forward",
         "Writes o [B,T,Hv,Dv] and, when given, final_state and the saved-for-backward tensor; "
-        "see include/gdr/params.h.");
+        "see include/gdr/params.h. Every error message starts with `op`.");
 
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
@@ -304,9 +303,10 @@ NB_MODULE(_C, m) {
         nb::arg("gate_in_kernel") = false, nb::arg("beta_sigmoid") = false,
         nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6, nb::arg("path") = "auto",
         nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0, nb::arg("stream") = 0,
-        nb::arg("saved").none() = nb::none(),
+        nb::arg("saved").none() = nb::none(), nb::arg("check_values") = false,
+        nb::arg("op") = "gdr.backward",
         "Writes the given gradients (each optional), reading the forward's saved tensor when "
-        "given; see include/gdr/params.h.");
+        "given; see include/gdr/params.h. Every error message starts with `op`.");
 
   m.def("decode", &decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
         nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("mask").none(),
@@ -314,21 +314,22 @@ NB_MODULE(_C, m) {
         nb::arg("scale") = 0.0, nb::arg("state_layout") = "k_first",
         nb::arg("gate_in_kernel") = false, nb::arg("beta_sigmoid") = false,
         nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6, nb::arg("path") = "auto",
-        nb::arg("num_threads") = 0, nb::arg("stream") = 0,
-        "Runs T = 1..16 tokens per sequence, updating state in place and writing o.");
+        nb::arg("num_threads") = 0, nb::arg("stream") = 0, nb::arg("check_values") = false,
+        nb::arg("op") = "gdr.decode",
+        "Runs T = 1..16 tokens per sequence, updating state in place and writing o. Every "
+        "error message starts with `op`.");
 
   m.def("saved_shape", &saved_shape, nb::arg("B"), nb::arg("T"), nb::arg("N"), nb::arg("varlen"),
         nb::arg("Hv"), nb::arg("Dk"), nb::arg("Dv"), nb::arg("chunk_size"), nb::arg("f64"),
-        nb::arg("intermediates") = false,
+        nb::arg("intermediates") = false, nb::arg("op") = "gdr.saved_shape",
         "(chunk_rows, Hv, record) of the saved-for-backward tensor (gdr::saved_shape): the chunk "
         "states, or with intermediates=True the chunk intermediates too.");
 
-  m.def("resolve_forward_path", &resolve_forward_path, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
-        nb::arg("initial_state").none(), nb::arg("mask").none(), nb::arg("cu_seqlens").none(),
-        nb::arg("o"), nb::arg("final_state").none(), nb::kw_only(), nb::arg("scale") = 0.0,
-        nb::arg("state_layout") = "k_first", nb::arg("gate_in_kernel") = false,
-        nb::arg("beta_sigmoid") = false, nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6,
-        nb::arg("path") = "auto", nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0,
-        "The path ('reference', 'sequential' or 'chunkwise') forward would run for these args.");
+  m.def(
+      "backward_available",
+      [](const std::string& device) {
+        return gdr::backward_available(to_device(device, "gdr.backward_available"));
+      },
+      nb::arg("device"),
+      "True when gdr.backward runs for tensors on `device` ('cpu' or 'cuda') in this build.");
 }

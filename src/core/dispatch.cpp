@@ -1,10 +1,13 @@
 // The one place where a call becomes a path: validate, resolve Path::automatic with the
 // heuristics, check the path covers the call on this device, run it. Every refusal names the
-// value and what is supported.
+// value and what is supported, and every message of a call starts with one name:
+// ExecConfig::op_name when given (the public function a binding's caller called), else
+// gdr.forward, gdr.backward or gdr.decode.
 #include <string>
 
 #include "core/cuda_support.h"
 #include "core/heuristics.h"
+#include "core/values.h"
 #include "cpu/paths.h"
 #include "gdr/api.h"
 #include "gdr/error.h"
@@ -18,6 +21,22 @@ namespace {
 
 [[noreturn]] void refuse(const char* op, const std::string& what) {
   throw InvalidArgument(std::string(op) + ": " + what);
+}
+
+const char* op_name(const ExecConfig& config, const char* fallback) {
+  return config.op_name != nullptr && config.op_name[0] != '\0' ? config.op_name : fallback;
+}
+
+// g <= 0 on cuda, when the caller asks for it (ExecConfig::check_values; host tensors are
+// checked by validation).
+void check_gate_values(const Problem& prob, const TensorView& g, const Options& opts,
+                       const ExecConfig& config, const char* op) {
+  if (prob.device != DeviceType::cuda || !config.check_values || opts.gate_in_kernel) return;
+#if GDR_WITH_CUDA
+  PositiveGate found;
+  found.index = cuda::first_positive(g, config.stream, &found.value, op);
+  if (found.index >= 0) refuse_positive_gate(op, g, found);
+#endif
 }
 
 void check_config(const ExecConfig& config, const char* op) {
@@ -79,8 +98,9 @@ Path resolve_forward(const Problem& prob, const TensorView& saved, const ExecCon
 Path resolve_backward(const Problem& prob, const TensorView& saved, const ExecConfig& config,
                       const char* op) {
   check_config(config, op);
-  if (prob.device == DeviceType::cuda)
-    refuse(op, "backward on cuda is not available yet; move the tensors to the cpu");
+  if (!backward_available(prob.device))
+    refuse(op, "backward on " + std::string(to_string(prob.device)) +
+                   " is not available yet; move the tensors to the cpu");
   if (saved.defined()) return resolve_saved(prob, saved, config, op, "read", false);
   return config.path == Path::automatic ? heuristics::cpu_backward_path(prob) : config.path;
 }
@@ -88,24 +108,27 @@ Path resolve_backward(const Problem& prob, const TensorView& saved, const ExecCo
 }  // namespace
 
 Path resolve_forward_path(const ForwardParams& params, const ExecConfig& config) {
-  return resolve_forward(validate_forward(params), params.saved, config, "gdr.forward");
+  const char* op = op_name(config, "gdr.forward");
+  return resolve_forward(validate_forward(params, op), params.saved, config, op);
 }
 
 Path resolve_backward_path(const BackwardParams& params, const ExecConfig& config) {
-  return resolve_backward(validate_backward(params), params.saved, config, "gdr.backward");
+  const char* op = op_name(config, "gdr.backward");
+  return resolve_backward(validate_backward(params, op), params.saved, config, op);
 }
 
 void forward(const ForwardParams& params, const ExecConfig& config) {
-  const char* op = "gdr.forward";
+  const char* op = op_name(config, "gdr.forward");
   const Problem prob = validate_forward(params, op);
   const Path path = resolve_forward(prob, params.saved, config, op);
+  check_gate_values(prob, params.in.g, params.opts, config, op);
   if (prob.device == DeviceType::cuda) {
 #if GDR_WITH_CUDA
     validate_cuda_forward(prob, params, path, config, op);
     if (path == Path::chunkwise)
-      cuda::chunked_forward(prob, params, config);
+      cuda::chunked_forward(prob, params, config, op);
     else
-      cuda::recurrent_forward(prob, params, config);
+      cuda::recurrent_forward(prob, params, config, op);
     return;
 #else
     no_cuda(op);
@@ -121,7 +144,7 @@ void forward(const ForwardParams& params, const ExecConfig& config) {
 }
 
 void backward(const BackwardParams& params, const ExecConfig& config) {
-  const char* op = "gdr.backward";
+  const char* op = op_name(config, "gdr.backward");
   const Problem prob = validate_backward(params, op);
   const Path path = resolve_backward(prob, params.saved, config, op);
   switch (path) {
@@ -134,22 +157,27 @@ void backward(const BackwardParams& params, const ExecConfig& config) {
 }
 
 void decode(const DecodeParams& params, const ExecConfig& config) {
-  const char* op = "gdr.decode";
+  const char* op = op_name(config, "gdr.decode");
   const Problem prob = validate_decode(params, op);
   check_config(config, op);
+  check_gate_values(prob, params.g, params.opts, config, op);
   if (config.path == Path::reference || config.path == Path::chunkwise)
     refuse(op, "path " + std::string(to_string(config.path)) +
                    " does not apply to decode; supported: automatic, sequential");
   if (prob.device == DeviceType::cuda) {
 #if GDR_WITH_CUDA
     validate_cuda_decode(prob, params, op);
-    cuda::decode(prob, params, config);
+    cuda::decode(prob, params, config, op);
     return;
 #else
     no_cuda(op);
 #endif
   }
   cpu::decode(prob, params, config);
+}
+
+bool backward_available(DeviceType device) {
+  return device == DeviceType::cpu;
 }
 
 bool cuda_available() {

@@ -1,7 +1,7 @@
 // Validation of every entry point (docs/operator.md §6): rank and shape of every tensor, matching
 // B/T/heads/dims, Hv % Hk, dtypes, one device, last-dim contiguity, cu_seqlens, h0 rows == N,
-// mask shape, the fused options. Nothing here reads tensor memory except cu_seqlens and
-// state_indices when they live on the host.
+// mask shape, the fused options. Nothing here reads tensor memory except cu_seqlens,
+// state_indices and g (g <= 0, core/values.h) when they live on the host.
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/heuristics.h"
+#include "core/values.h"
 #include "gdr/error.h"
 #include "gdr/problem.h"
 
@@ -152,13 +154,13 @@ std::vector<DType> gate_allowed(DType input) {
   return {DType::f32, input};
 }
 
-// The q/k/v/g/beta/A_log/dt_bias part shared by forward, backward and decode. Fills B, T,
-// Hk, Hv, Dk, Dv, gate, dtype, device, scale, has_mask.
-void check_core(Checker& c, Problem& prob, const TensorView& q, const TensorView& k,
-                const TensorView& v, const TensorView& g, const TensorView& beta,
-                const TensorView& A_log, const TensorView& dt_bias, const TensorView& mask,
-                const Options& opts) {
+// The q/k/v/g/beta/A_log/dt_bias/mask part shared by forward, backward and decode (h0 and
+// cu_seqlens are not read here). Fills B, T, Hk, Hv, Dk, Dv, gate, dtype, device, scale,
+// has_mask.
+void check_core(Checker& c, Problem& prob, const Inputs& in, const Options& opts) {
   const char* op = c.op;
+  const TensorView &q = in.q, &k = in.k, &v = in.v, &g = in.g, &beta = in.beta;
+  const TensorView &A_log = in.A_log, &dt_bias = in.dt_bias, &mask = in.mask;
   if (!q.defined()) fail(op, "q is not given; it is required");
   if (q.rank != 4)
     fail(op, "q has rank " + std::to_string(q.rank) + " (shape " + shape_str(q) +
@@ -212,6 +214,10 @@ void check_core(Checker& c, Problem& prob, const TensorView& q, const TensorView
                  "); expected [B, T, Hv] (scalar gate) or [B, T, Hv, Dk] (per-key gate)");
   }
   check_dtype(c, "g", g, gate_allowed(q.dtype));
+  if (!opts.gate_in_kernel && g.device == DeviceType::cpu) {
+    const PositiveGate found = first_positive_host(g);
+    if (found.index >= 0) refuse_positive_gate(op, g, found);
+  }
 
   if (!beta.defined()) fail(op, "beta is not given; it is required");
   c.shape("beta", beta, {{prob.B, "B"}, {prob.T, "T"}, {prob.Hv, "Hv"}});
@@ -299,7 +305,7 @@ void check_state(Checker& c, const Problem& prob, const char* name, const Tensor
 // The inputs shared by forward and backward.
 Problem check_inputs(Checker& c, const Inputs& in, const Options& opts) {
   Problem prob;
-  check_core(c, prob, in.q, in.k, in.v, in.g, in.beta, in.A_log, in.dt_bias, in.mask, opts);
+  check_core(c, prob, in, opts);
   check_varlen(c, prob, in.cu_seqlens);
   if (in.h0.defined()) {
     check_state(c, prob, "h0", in.h0, prob.N, "N", opts);
@@ -408,7 +414,7 @@ Problem validate_backward(const BackwardParams& p, const char* op) {
 Problem validate_decode(const DecodeParams& p, const char* op) {
   Checker c{op};
   Problem prob;
-  check_core(c, prob, p.q, p.k, p.v, p.g, p.beta, p.A_log, p.dt_bias, p.mask, p.opts);
+  check_core(c, prob, p.inputs(), p.opts);
   if (prob.T > 16)
     fail(op, "q has " + std::to_string(prob.T) +
                  " tokens; decode takes T between 0 and 16 (use gdr.forward for longer sequences)");
@@ -445,7 +451,9 @@ Problem validate_decode(const DecodeParams& p, const char* op) {
   return prob;
 }
 
-SavedShape saved_shape(const Problem& prob, int chunk_size, SavedContent content) {
+SavedShape saved_shape(const Problem& prob, int chunk_size, SavedContent content, const char* op) {
+  if (!heuristics::is_supported_chunk(chunk_size))
+    fail(op, "chunk_size is " + std::to_string(chunk_size) + "; supported: 16, 32, 64");
   const i64 C = chunk_size;
   SavedShape s;
   // Non-varlen: B sequences of T tokens, ceil(T / C) chunks each. Varlen: ceil(L / C) <=
@@ -466,8 +474,8 @@ void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size
   c.device_index = prob.device_index;
   c.device_set = true;
   c.device_from = "q";
-  const SavedShape states = saved_shape(prob, chunk_size, SavedContent::chunk_states);
-  const SavedShape full = saved_shape(prob, chunk_size, SavedContent::chunk_intermediates);
+  const SavedShape states = saved_shape(prob, chunk_size, SavedContent::chunk_states, op);
+  const SavedShape full = saved_shape(prob, chunk_size, SavedContent::chunk_intermediates, op);
   const std::string expected =
       "expected [chunk_rows, Hv, record] = [" + std::to_string(states.chunk_rows) + ", " +
       std::to_string(states.Hv) + ", " + std::to_string(states.record) + " or " +

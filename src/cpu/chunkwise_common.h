@@ -38,11 +38,11 @@
 #ifndef EIGEN_DONT_PARALLELIZE
 #define EIGEN_DONT_PARALLELIZE  // one (sequence, head) item per thread; no nested threading
 #endif
-#include <Eigen/Dense>
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "cpu/eigen.h"
 #include "gdr/params.h"
 #include "gdr/problem.h"
 

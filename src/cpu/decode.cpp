@@ -37,15 +37,7 @@ int64_t pool_row(const DecodeParams& p, int64_t b) {
 template <class Real>
 void decode_impl(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {
   const int64_t B = prob.B, T = prob.T, Hv = prob.Hv, Dk = prob.Dk, Dv = prob.Dv;
-  Inputs in;
-  in.q = p.q;
-  in.k = p.k;
-  in.v = p.v;
-  in.g = p.g;
-  in.beta = p.beta;
-  in.A_log = p.A_log;
-  in.dt_bias = p.dt_bias;
-  in.mask = p.mask;
+  const Inputs in = p.inputs();
 
   std::exception_ptr error;
   std::mutex error_mutex;

@@ -1,8 +1,7 @@
-// The GoogleTest half of the test support (support.cpp itself has no GoogleTest dependency,
-// so the gdr command line can share the same random cases).
-#include <gtest/gtest.h>
+// The GoogleTest half of the test support (support_gtest.h).
+#include "support_gtest.h"
 
-#include "support.h"
+#include <gtest/gtest.h>
 
 namespace gdr::test {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "support.h"
+#include "support_gtest.h"
 
 namespace {
 
@@ -25,13 +25,6 @@ using gdr::GateKind;
 using gdr::Path;
 using gdr::StateLayout;
 using namespace gdr::test;
-
-struct Named {
-  std::string name;
-  Case c;
-  int chunk = 64;
-  int threads = 0;
-};
 
 void check_case(const Case& c, int chunk, int threads) {
   TestData d = make_problem(c);
@@ -55,8 +48,8 @@ const char* gate_name(GateKind g) {
   return g == GateKind::scalar ? "scalar" : "perkey";
 }
 
-std::vector<Named> cases() {
-  std::vector<Named> out;
+std::vector<NamedCase> cases() {
+  std::vector<NamedCase> out;
   auto add = [&](std::string name, Case c, int chunk = 64, int threads = 0) {
     out.push_back({std::move(name), std::move(c), chunk, threads});
   };
@@ -72,7 +65,9 @@ std::vector<Named> cases() {
         c.Dv = 64;
         c.gate = gate;
         c.decay = T == 200 ? Decay::strong : Decay::mild;
-        add("T" + std::to_string(T) + "_" + gate_name(gate) + "_group" + std::to_string(group), c);
+        add(std::string("T") + std::to_string(T) + "_" + gate_name(gate) + "_group" +
+                std::to_string(group),
+            c);
       }
     }
   }
@@ -251,16 +246,13 @@ std::vector<Named> cases() {
   return out;
 }
 
-class ChunkwiseCase : public ::testing::TestWithParam<Named> {};
+class ChunkwiseCase : public ::testing::TestWithParam<NamedCase> {};
 
 TEST_P(ChunkwiseCase, MatchesReference) {
   check_case(GetParam().c, GetParam().chunk, GetParam().threads);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, ChunkwiseCase, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Named>& param_info) {
-                           return param_info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Cpu, ChunkwiseCase, ::testing::ValuesIn(cases()), case_name);
 
 // beta = 0 makes every step a pure decay; beta = 1 the full delta-rule overwrite.
 TEST(Chunkwise, BetaZeroAndOne) {

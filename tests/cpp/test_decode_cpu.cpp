@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "support.h"
+#include "support_gtest.h"
 
 namespace {
 
@@ -23,112 +23,42 @@ using namespace gdr::test;
 
 struct DecodeCase {
   std::string name;
-  Case c;                          // B, T (1..16), heads, dims, options; c.h0 must be true
+  Case c;                          // B, T (1..16), heads, dims, options
   std::vector<std::int64_t> rows;  // state_indices (empty: none, row b) ; -1 = skip
   std::int64_t P = 0;              // pool rows
   bool indices_i64 = false;
 };
 
 void check_decode(const DecodeCase& dc) {
-  TestData d = make_problem(dc.c);
-  const Case& c = d.c;
-  const std::string label = dc.name + " " + describe(c, d.seed);
-  const std::int64_t B = c.B, Hv = c.Hv, row_size = Hv * c.Dk * c.Dv;
-  const std::int64_t P = dc.P;
-  const std::vector<std::int64_t> rows = [&] {
-    if (!dc.rows.empty()) return dc.rows;
-    std::vector<std::int64_t> r(B);
-    for (std::int64_t b = 0; b < B; ++b) r[b] = b;
-    return r;
-  }();
+  Case c = dc.c;
+  c.cu_seqlens_i64 = dc.indices_i64;  // make_decode_problem's dtype for the indices
+  DecodeData d = make_decode_problem(c, dc.P, !dc.rows.empty());
+  for (std::size_t b = 0; b < dc.rows.size(); ++b)
+    d.state_indices.set(static_cast<std::int64_t>(b), static_cast<double>(dc.rows[b]));
+  const std::string label = dc.name + " " + describe(d.base.c, d.base.seed);
+  const std::int64_t B = c.B, row_size = c.Hv * c.Dk * c.Dv, o_row = c.T * c.Hv * c.Dv;
+  const std::int64_t row_bytes = row_size * dtype_size(d.state.dtype());
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(B));
+  for (std::int64_t b = 0; b < B; ++b)
+    rows[b] = dc.rows.empty() ? b : dc.rows[static_cast<std::size_t>(b)];
+  const auto* pool = static_cast<const unsigned char*>(d.state.data());
+  const std::vector<unsigned char> pool_before(pool, pool + d.P * row_bytes);
 
-  // The pool: random rows; row rows[b] holds sequence b's h0.
-  std::vector<std::int64_t> pool_shape = d.h0.shape();
-  pool_shape[0] = P;
-  HostTensor pool(c.bf16_state ? DType::bf16 : DType::f32, pool_shape);
-  const std::int64_t es = c.bf16_state ? 2 : 4;  // bytes per pool element
-  {
-    Case pc;
-    pc.B = P;
-    pc.T = 1;
-    pc.Hk = c.Hk;
-    pc.Hv = c.Hv;
-    pc.Dk = c.Dk;
-    pc.Dv = c.Dv;
-    pc.layout = c.layout;
-    pc.seed = d.seed + 1;
-    TestData other = make_problem(pc);
-    pool.from_double(other.h0.to_double());
-  }
-  for (std::int64_t b = 0; b < B; ++b) {
-    if (rows[b] < 0) continue;
-    for (std::int64_t x = 0; x < row_size; ++x)
-      pool.set(rows[b] * row_size + x, d.h0.get(b * row_size + x));
-  }
-  if (c.bf16_state) {  // the reference starts from the rounded rows
-    for (std::int64_t b = 0; b < B; ++b) {
-      if (rows[b] < 0) continue;
-      for (std::int64_t x = 0; x < row_size; ++x)
-        d.h0.set(b * row_size + x, pool.get(rows[b] * row_size + x));
-    }
-  }
-  const std::vector<double> pool_before = pool.to_double();
-  std::vector<unsigned char> pool_bytes(static_cast<std::size_t>(P * row_size * es));
-  std::memcpy(pool_bytes.data(), pool.data(), pool_bytes.size());
-
-  HostTensor indices;
-  if (!dc.rows.empty()) {
-    indices = HostTensor(dc.indices_i64 ? DType::i64 : DType::i32, {B});
-    for (std::int64_t b = 0; b < B; ++b) indices.set(b, static_cast<double>(rows[b]));
-  }
-
-  const ForwardResult ref = run_forward(d, Path::reference);
-
-  gdr::DecodeParams p;
-  p.q = d.q.view();
-  p.k = d.k.view();
-  p.v = d.v.view();
-  p.g = d.g.view();
-  p.beta = d.beta.view();
-  p.A_log = d.A_log.view();
-  p.dt_bias = d.dt_bias.view();
-  p.mask = d.mask.view();
-  p.state = pool.view();
-  p.state_indices = indices.view();
-  d.o.poison();
-  p.o = d.o.view();
-  p.opts = d.options();
-  gdr::decode(p);
-
-  // Expected o: the reference's, 0 for skipped sequences; expected pool: the reference's
-  // final state in each used row, the old contents elsewhere.
-  std::vector<double> o_exp = ref.o, pool_exp = pool_before;
-  const std::int64_t o_row = c.T * Hv * c.Dv;
-  for (std::int64_t b = 0; b < B; ++b) {
-    if (rows[b] < 0) {
-      for (std::int64_t x = 0; x < o_row; ++x) o_exp[b * o_row + x] = 0.0;
-    } else {
-      for (std::int64_t x = 0; x < row_size; ++x)
-        pool_exp[rows[b] * row_size + x] = ref.final_state[b * row_size + x];
-    }
-  }
-  if (c.bf16_state) pool_exp = rounded_to_bf16(pool_exp);  // (unused rows are exact already)
-  const std::vector<double> o_got = d.o.to_double(), pool_got = pool.to_double();
-  EXPECT_LT(rel_error(o_got, o_exp), forward_tolerance(c)) << "o " << label;
-  EXPECT_LT(rel_error(pool_got, pool_exp), state_tolerance(c)) << "state " << label;
+  // The reference: o (0 for skipped sequences) and the pool with the used rows stepped.
+  const ForwardResult ref = decode_reference(d);
+  const ForwardResult got = run_decode(d);
+  expect_forward_close(got, ref, forward_tolerance(c), state_tolerance(c), label);
   for (std::int64_t b = 0; b < B; ++b) {
     if (rows[b] >= 0) continue;
     for (std::int64_t x = 0; x < o_row; ++x)
-      ASSERT_EQ(o_got[b * o_row + x], 0.0) << "skipped o " << label;
+      ASSERT_EQ(got.o[b * o_row + x], 0.0) << "skipped o " << label;
   }
   // Rows nobody uses: bit for bit.
-  for (std::int64_t r = 0; r < P; ++r) {
+  for (std::int64_t r = 0; r < d.P; ++r) {
     bool used = false;
     for (std::int64_t s = 0; s < B; ++s) used = used || rows[s] == r;
     if (used) continue;
-    EXPECT_EQ(std::memcmp(static_cast<const unsigned char*>(pool.data()) + r * row_size * es,
-                          pool_bytes.data() + r * row_size * es, row_size * es),
-              0)
+    EXPECT_EQ(std::memcmp(pool + r * row_bytes, pool_before.data() + r * row_bytes, row_bytes), 0)
         << "pool row " << r << " changed " << label;
   }
 }

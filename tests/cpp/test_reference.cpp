@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gdr/gdr.h"
-#include "support.h"
+#include "support_gtest.h"
 
 namespace gdr::test {
 namespace {

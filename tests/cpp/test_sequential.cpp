@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "support.h"
+#include "support_gtest.h"
 
 namespace {
 
@@ -20,12 +20,6 @@ using gdr::GateKind;
 using gdr::Path;
 using gdr::StateLayout;
 using namespace gdr::test;
-
-struct Named {
-  std::string name;
-  Case c;
-  int chunk = 64;
-};
 
 // Checks forward and backward of the sequential path against the reference for one case.
 void check_case(const Case& c, int chunk) {
@@ -37,10 +31,10 @@ void check_case(const Case& c, int chunk) {
                     run_backward(d, Path::reference), label);
 }
 
-std::vector<Named> cases() {
-  std::vector<Named> out;
+std::vector<NamedCase> cases() {
+  std::vector<NamedCase> out;
   auto add = [&](std::string name, Case c, int chunk = 64) {
-    out.push_back({std::move(name), std::move(c), chunk});
+    out.push_back({std::move(name), std::move(c), chunk, 0});
   };
   // T around the chunk (checkpoint) boundary, both gates, GQA 1 and 4.
   for (std::int64_t T : {1, 63, 64, 65, 200}) {
@@ -182,16 +176,13 @@ std::vector<Named> cases() {
   return out;
 }
 
-class SequentialCase : public ::testing::TestWithParam<Named> {};
+class SequentialCase : public ::testing::TestWithParam<NamedCase> {};
 
 TEST_P(SequentialCase, MatchesReference) {
   check_case(GetParam().c, GetParam().chunk);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, SequentialCase, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Named>& param_info) {
-                           return param_info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Cpu, SequentialCase, ::testing::ValuesIn(cases()), case_name);
 
 // Results do not depend on the thread count: each (sequence, head) is computed by one thread.
 TEST(Sequential, ThreadCountGivesIdenticalResults) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gdr/gdr.h"
-#include "support.h"
+#include "support_gtest.h"
 
 namespace gdr::test {
 namespace {
@@ -702,6 +702,143 @@ TEST_F(DecodeValidation, SharedRulesApply) {
   p = d.params();
   p.state.device = DeviceType::cuda;
   dec({"gdr.decode: state is on cuda:0; all tensors must be on one device (q is on cpu)"});
+}
+
+TEST_F(DecodeValidation, PositiveGateIsRefused) {
+  d.base.g.set(1 * 4 + 3, 2.5);  // g[1, 0, 3] of [B, T, Hv] = [3, 1, 4]
+  dec({"gdr.decode: g[1, 0, 3] is 2.5; g must be <= 0"});
+  ExecConfig config;
+  config.op_name = "gdr.decode_step";
+  expect_invalid([&] { gdr::decode(p, config); }, {"gdr.decode_step: g[1, 0, 3] is 2.5"});
+}
+
+// ---- the values of g (docs/operator.md §6) ----
+
+// g is the natural log of the decay: an element > 0 (a forgotten log-sigmoid) is refused on the
+// CPU, in every direction, naming the element, its value and what is allowed.
+TEST_F(Validation, PositiveGateIsRefusedWithItsIndexAndValue) {
+  d.g.set((1 * 5 + 3) * 4 + 2, 0.25);  // g[1, 3, 2] of [B, T, Hv] = [2, 5, 4]
+  const std::vector<std::string> rule = {"g must be <= 0", "natural log of the decay",
+                                         "-inf and NaN are not refused", "log-sigmoid"};
+  std::vector<std::string> want = rule;
+  want.push_back("gdr.forward: g[1, 3, 2] is 0.25;");
+  fwd(want);
+  expect_invalid([&] { gdr::forward(fp); }, want);
+  bwd({"gdr.backward: g[1, 3, 2] is 0.25;"});
+  expect_invalid([&] { gdr::backward(bp); }, {"gdr.backward: g[1, 3, 2] is 0.25;"});
+  // The first offending element in row-major order is the one named.
+  d.g.set((1 * 5 + 4) * 4 + 0, 7.0);
+  d.g.set((0 * 5 + 2) * 4 + 1, 1.5);
+  fwd({"gdr.forward: g[0, 2, 1] is 1.5;"});
+  // +inf is > 0 too.
+  d.g.set((0 * 5 + 2) * 4 + 1, std::numeric_limits<double>::infinity());
+  fwd({"gdr.forward: g[0, 2, 1] is inf;"});
+}
+
+TEST(GateValues, PerKeyLowPrecisionAndStridedGatesAreChecked) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    Case c;
+    c.B = 1;
+    c.T = 3;
+    c.Hk = 1;
+    c.Hv = 2;
+    c.Dk = 4;
+    c.Dv = 4;
+    c.gate = GateKind::per_key;
+    c.dtype = dtype;
+    c.gates_in_dtype = true;
+    c.strided = true;
+    TestData d = make_problem(c);
+    d.g.set(((0 * 3 + 2) * 2 + 1) * 4 + 3, 0.5);  // g[0, 2, 1, 3]
+    ForwardParams p = d.forward_params();
+    expect_invalid([&] { gdr::forward(p); }, {"gdr.forward: g[0, 2, 1, 3] is 0.5;"});
+  }
+}
+
+// 0 and -0 are allowed (no decay); -inf and NaN are not refused: they pass through to the
+// outputs (docs/operator.md §6; -inf is exact decay to 0 in the per-token paths).
+TEST(GateValues, ZeroMinusInfinityAndNanAreNotRefused) {
+  Case c;
+  c.B = 1;
+  c.T = 8;
+  c.Hk = 1;
+  c.Hv = 2;
+  c.Dk = 8;
+  c.Dv = 8;
+  TestData d = make_problem(c);
+  d.g.set(4 * 2 + 0, 0.0);
+  d.g.set(5 * 2 + 0, -0.0);
+  for (Path path : {Path::reference, Path::sequential, Path::chunkwise}) {
+    const ForwardResult r = run_forward(d, path);
+    for (double x : r.o) ASSERT_TRUE(std::isfinite(x)) << to_string(path);
+  }
+  d.g.set(3 * 2 + 1, -std::numeric_limits<double>::infinity());
+  for (Path path : {Path::reference, Path::sequential, Path::chunkwise})
+    EXPECT_NO_THROW(run_forward(d, path)) << to_string(path);
+  for (Path path : {Path::reference, Path::sequential}) {  // exact decay to 0
+    const ForwardResult r = run_forward(d, path);
+    for (double x : r.o) ASSERT_TRUE(std::isfinite(x)) << to_string(path);
+  }
+  d.g.set(6 * 2 + 1, std::numeric_limits<double>::quiet_NaN());
+  for (Path path : {Path::reference, Path::sequential, Path::chunkwise}) {
+    ForwardResult r;
+    ASSERT_NO_THROW(r = run_forward(d, path)) << to_string(path);
+    bool nan = false;
+    for (double x : r.o) nan = nan || std::isnan(x);
+    EXPECT_TRUE(nan) << "NaN in g must reach o: " << to_string(path);
+  }
+}
+
+// With gate_in_kernel g holds the raw `a` (any real value): not checked.
+TEST(GateValues, RawGateInKernelIsNotChecked) {
+  Case c;
+  c.gate_in_kernel = true;
+  TestData d = make_problem(c);
+  d.g.set(0, 3.0);
+  EXPECT_NO_THROW(validate_forward(d.forward_params()));
+  EXPECT_NO_THROW(run_forward(d, Path::automatic));
+}
+
+// ---- one prefix per call ----
+
+// ExecConfig::op_name starts every message of the call, whichever check fails (validation,
+// dispatch, saved tensor); without it the direction's own name does.
+TEST_F(Validation, OpNameStartsEveryMessage) {
+  ExecConfig config;
+  config.op_name = "gdr.chunk_gated_delta_rule";
+  fp.in.v.shape[2] = 31;
+  expect_invalid([&] { gdr::forward(fp, config); }, {"gdr.chunk_gated_delta_rule: v has 31 heads"});
+  expect_invalid([&] { gdr::resolve_forward_path(fp, config); },
+                 {"gdr.chunk_gated_delta_rule: v has 31 heads"});
+  fp = d.forward_params();
+  config.chunk_size = 48;
+  expect_invalid([&] { gdr::forward(fp, config); },
+                 {"gdr.chunk_gated_delta_rule: chunk_size is 48; supported: 16, 32, 64"});
+  config.chunk_size = 64;
+  config.path = Path::sequential;
+  HostTensor saved = make_saved(d, 64, SavedContent::chunk_states);
+  fp.saved = saved.view();
+  expect_invalid([&] { gdr::forward(fp, config); },
+                 {"gdr.chunk_gated_delta_rule: saved is given with path sequential"});
+  bp.dout.shape[1] = 4;
+  expect_invalid([&] { gdr::backward(bp, config); }, {"gdr.chunk_gated_delta_rule: dout"});
+  expect_invalid([&] { gdr::backward(bp); }, {"gdr.backward: dout"});
+}
+
+TEST(SavedShape, RefusesUnsupportedChunkSizes) {
+  Case c;
+  TestData d = make_problem(c);
+  const Problem prob = validate_forward(d.forward_params());
+  expect_invalid([&] { saved_shape(prob, 48); },
+                 {"gdr.saved_shape: chunk_size is 48; supported: 16, 32, 64"});
+  expect_invalid([&] { saved_shape(prob, 0, SavedContent::chunk_states, "gdr.x"); },
+                 {"gdr.x: chunk_size is 0"});
+  EXPECT_EQ(saved_shape(prob, 16).record, c.Dk * c.Dv);
+}
+
+TEST(Backward, AvailableOnTheCpuOnly) {
+  EXPECT_TRUE(backward_available(DeviceType::cpu));
+  EXPECT_FALSE(backward_available(DeviceType::cuda));
 }
 
 }  // namespace

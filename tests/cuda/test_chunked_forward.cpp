@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu_support.h"
+#include "support_gtest.h"
 
 namespace gdr::test {
 namespace {

@@ -23,6 +23,7 @@
 
 #include "gdr/decode_overrides.h"
 #include "gpu_support.h"
+#include "support_gtest.h"
 
 namespace gdr::test {
 namespace {

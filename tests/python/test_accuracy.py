@@ -189,17 +189,19 @@ def test_op_backward_with_saved_tensor_matches_float64(name, chunk_size, content
     # torch.ops.gdr.forward fills the saved tensor (poisoned with NaN by a first call that must
     # overwrite it); torch.ops.gdr.backward reads it. o, final state and every gradient against
     # the float64 recurrence.
-    from gdr import _C, _ops
+    from gdr import _ops
     x, extra = _setup(CASES[name])
     args = _op_args(x, extra, chunk_size)
     o, fs, saved = torch.ops.gdr.forward(*args, content)
     cu = extra.get("cu_seqlens")
     n = len(cu) - 1 if cu is not None else x["q"].shape[0]
-    want = _C.saved_shape(x["q"].shape[0], x["q"].shape[1], n, cu is not None, x["v"].shape[2],
-                          x["k"].shape[3], x["v"].shape[3], chunk_size, False,
-                          content == "chunk_intermediates")
-    assert tuple(saved.shape) == tuple(want) == _ops.saved_shape(x["q"], x["k"], x["v"], cu,
-                                                                 chunk_size, content)
+    # The documented shape (include/gdr/problem.h, SavedShape), worked out here.
+    B, T, _, Dk = x["q"].shape
+    Hv, Dv, C = x["v"].shape[2], x["v"].shape[3], chunk_size
+    rows = (T + n * (C - 1)) // C if cu is not None else B * -(-T // C)
+    record = Dk * Dv + (C * C + C * Dv if content == "chunk_intermediates" else 0)
+    assert tuple(saved.shape) == (rows, Hv, record)
+    assert _ops.saved_shape(x["q"], x["k"], x["v"], cu, chunk_size, content) == (rows, Hv, record)
     assert saved.dtype == torch.float32
     ref_leaves = {k: t.detach().double().requires_grad_() for k, t in x.items()}
     o_ref, fs_ref = _ref(ref_leaves, extra)

@@ -111,3 +111,23 @@ def test_gradients_of_cuda_tensors_equal_cpu():
     for k in x:
         assert leaves_c[k].grad.is_cuda
         assert rel_err(leaves_c[k].grad.cpu(), leaves[k].grad) < 1e-4, k
+
+
+def test_check_values_refuses_positive_gate_on_cuda():
+    # Opt-in on CUDA (a reduction kernel and a stream synchronisation): g > 0 refused with its
+    # index and value under the public function's name; -inf and NaN not refused; off by default.
+    x = _cuda(make_inputs(B=2, T=5, Hk=1, Hv=2, Dk=64, Dv=64))
+    x["g"][1, 3, 1] = 0.5
+    with pytest.raises(ValueError, match=r"^gdr\.chunk_gated_delta_rule: g\[1, 3, 1\] is 0\.5; "
+                                         r"g must be <= 0"):
+        gdr.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], check_values=True)
+    gdr.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])  # not checked
+    x["g"][1, 3, 1] = float("-inf")
+    x["g"][0, 0, 0] = float("nan")
+    gdr.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], check_values=True)
+    d = _cuda(make_inputs(B=2, T=1, Hk=1, Hv=2, Dk=64, Dv=64))
+    d["g"][0, 0, 1] = 2.0
+    pool = torch.zeros(2, 2, 64, 64, device="cuda")
+    with pytest.raises(ValueError, match=r"^gdr\.decode_step: g\[0, 0, 1\] is 2;"):
+        gdr.decode_step(d["q"], d["k"], d["v"], d["g"], d["beta"], pool, check_values=True)
+    torch.cuda.synchronize()

@@ -58,8 +58,8 @@ void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const ch
 
 }  // namespace
 
-void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
-  const char* op = "gdr.forward";
+void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config,
+                     const char* op) {
   const Inputs& in = p.in;
   // Validated by the dispatcher (core/cuda_support.cpp validate_cuda_forward).
   if (prob.N == 0 || prob.Hv == 0) return;

@@ -439,8 +439,7 @@ void launch(RecurrentArgs& a, const Problem& prob, bool v_first, const ExecConfi
 
 }  // namespace
 
-void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config) {
-  const char* op = "gdr.decode";
+void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config, const char* op) {
   if (prob.B == 0 || prob.T == 0 || prob.Hv == 0) return;
   DeviceGuard guard(prob.device_index, op);
   RecurrentArgs a{};
@@ -463,8 +462,8 @@ void decode(const Problem& prob, const DecodeParams& p, const ExecConfig& config
   launch(a, prob, p.opts.state_layout == StateLayout::v_first, config, op);
 }
 
-void recurrent_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config) {
-  const char* op = "gdr.forward";
+void recurrent_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config,
+                       const char* op) {
   const Inputs& in = p.in;
   if (prob.N == 0 || prob.Hv == 0) return;
   DeviceGuard guard(prob.device_index, op);

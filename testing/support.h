@@ -1,4 +1,6 @@
-// Shared test support for the gdr C++ tests (CPU paths, CUDA tests, tools share the idea).
+// The test-support library gdr_testing (testing/CMakeLists.txt), shared by the C++ tests, the
+// gdr command line (`gdr verify`) and the benchmarks. No GoogleTest here: the expectations
+// (expect_forward_close, ...) are in tests/cpp/support_gtest.h.
 //
 // Usage:
 //   using namespace gdr::test;
@@ -8,7 +10,7 @@
 //   const std::string label = describe(d.c, d.seed);
 //   ForwardResult ref = reference_forward(d);  // float64 oracle (float64 copy of the inputs)
 //   ForwardResult got = run_forward(d, gdr::Path::chunkwise);  // outputs poisoned first
-//   expect_forward_close(got, ref, forward_tolerance(c), label);
+//   expect_forward_close(got, ref, forward_tolerance(c), label);  // tests/cpp/support_gtest.h
 //   BackwardResult gref = reference_backward(d);  // seeds d.dout, d.dfinal_state
 //   BackwardResult ggot = run_backward(d, gdr::Path::chunkwise);
 //   expect_backward_close(ggot, gref, backward_tolerance(c), label);
@@ -51,6 +53,15 @@ struct Case {
   float scale = 0.0f;      // 0 = 1/sqrt(Dk)
   bool strided = false;    // inputs/outputs padded in their last dim (non-trivial strides)
   std::uint64_t seed = 0;  // 0 = fresh random seed
+};
+
+// A named case of a parameterised test (its name is the test's suffix; case_name in
+// tests/cpp/support_gtest.h) with the chunk size and thread count to run it with.
+struct NamedCase {
+  std::string name;
+  Case c;
+  int chunk = 64;   // ExecConfig::chunk_size
+  int threads = 0;  // ExecConfig::num_threads (0 = OpenMP default)
 };
 
 // "B=1 T=16 Hk=2 Hv=2 Dk=8 Dv=8 scalar mild f32 h0 fs seed=..." for test messages.
@@ -151,6 +162,7 @@ double loss(const TestData& d, const ForwardResult& r);
 // NaN positions must match (NaN/inf in `a` where ref is finite, or the reverse, or different
 // sizes give +inf). ||ref|| == 0: returns ||a|| (absolute). Both empty: 0.
 double rel_error(const std::vector<double>& a, const std::vector<double>& ref);
+double rel_error(const std::vector<float>& a, const std::vector<float>& ref);
 
 // docs/operator.md §7 bounds for the precision of the case (fp32/f64 vs f16/bf16).
 double forward_tolerance(const Case& c);
@@ -161,21 +173,6 @@ double state_tolerance(const Case& c);
 // `values` rounded to the nearest bfloat16 (ties to even), as a bf16 pool stores them.
 std::vector<double> rounded_to_bf16(const std::vector<double>& values);
 double backward_tolerance(const Case& c);
-
-// GoogleTest expectations on every field (each field named in the failure message).
-void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, double tol,
-                          const std::string& label);
-// o within tol_o, the final state within tol_state.
-void expect_forward_close(const ForwardResult& got, const ForwardResult& ref, double tol_o,
-                          double tol_state, const std::string& label);
-void expect_backward_close(const BackwardResult& got, const BackwardResult& ref, double tol,
-                           const std::string& label);
-
-// `path`'s forward and then backward on d (outputs poisoned first; `saved` as for run_forward /
-// run_backward) against `ref` / `gref`, within the docs/operator.md §7 bounds of d's dtype.
-void expect_path_close(TestData& d, Path path, const ExecConfig& config, const ForwardResult& ref,
-                       const BackwardResult& gref, const std::string& label,
-                       const TensorView& saved = {});
 
 // Named (field, got, ref) pairs, for reporting (tools) or custom checks.
 struct Field {

@@ -427,6 +427,11 @@ double rel_error(const std::vector<double>& a, const std::vector<double>& ref) {
   return std::sqrt(num / den);
 }
 
+double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  return rel_error(std::vector<double>(a.begin(), a.end()),
+                   std::vector<double>(ref.begin(), ref.end()));
+}
+
 namespace {
 bool low_precision(const Case& c) {
   return c.dtype == DType::f16 || c.dtype == DType::bf16;

@@ -1,4 +1,4 @@
-// Device mirrors of the host test tensors (tests/cpp/support.h) for the GPU tests and for
+// Device mirrors of the host test tensors (support.h) for the GPU tests and for
 // `gdr verify` on a CUDA build (no GoogleTest here): copy a host view to the device with the
 // same shape and strides, run gdr there, copy outputs back into the host tensors so the
 // host-side comparison helpers apply unchanged.
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gdr/decode_overrides.h"
 #include "gdr/gdr.h"
 #include "support.h"
 
@@ -65,17 +66,8 @@ class DeviceMirror {
   std::vector<void*> buffers_;
 };
 
-// Runs gdr::forward on device copies of d's tensors (outputs poisoned first) and returns o and
-// the final state as doubles, like run_forward does on the host. `path`: sequential (the recurrent
-// kernel), chunkwise (the chunked forward) or automatic; `overrides`: the decode plan's
-// (ExecConfig::decode_overrides), null for the rules.
-inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr,
-                                      Path path = Path::sequential,
-                                      const DecodeOverrides* overrides = nullptr) {
-  d.o.poison();
-  if (d.final_state.defined()) d.final_state.poison();
-  ForwardParams host = d.forward_params();
-  DeviceMirror m;
+// The forward call `host` with every tensor (outputs included) copied to the device.
+inline ForwardParams mirror_forward_params(DeviceMirror& m, const ForwardParams& host) {
   ForwardParams p = host;
   p.in.q = m.to_device(host.in.q);
   p.in.k = m.to_device(host.in.k);
@@ -89,6 +81,21 @@ inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr
   p.in.cu_seqlens = m.to_device(host.in.cu_seqlens);
   p.o = m.to_device(host.o);
   p.final_state = m.to_device(host.final_state);
+  return p;
+}
+
+// Runs gdr::forward on device copies of d's tensors (outputs poisoned first) and returns o and
+// the final state as doubles, like run_forward does on the host. `path`: sequential (the recurrent
+// kernel), chunkwise (the chunked forward) or automatic; `overrides`: the decode plan's
+// (ExecConfig::decode_overrides), null for the rules.
+inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr,
+                                      Path path = Path::sequential,
+                                      const DecodeOverrides* overrides = nullptr) {
+  d.o.poison();
+  if (d.final_state.defined()) d.final_state.poison();
+  ForwardParams host = d.forward_params();
+  DeviceMirror m;
+  ForwardParams p = mirror_forward_params(m, host);
   ExecConfig cfg;
   cfg.stream = stream;
   cfg.path = path;
