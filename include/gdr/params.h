@@ -134,14 +134,17 @@ struct ExecConfig {
   // passes the public function its caller called, so that every message of one call starts
   // with one name (the Python functions pass e.g. "gdr.chunk_gated_delta_rule").
   const char* op_name = nullptr;
-  // Check the values of g before running: g is the natural log of the decay, so g > 0 (a
-  // forgotten log-sigmoid, say) is refused with the first offending value and its index;
-  // -inf and NaN are not refused: they pass through to the outputs (docs/operator.md §6).
-  // Not with gate_in_kernel (g then holds the raw `a`, any real value).
-  // CPU tensors: always checked, whatever this flag (one read of g, small next to the call).
-  // CUDA tensors: checked only when this is true, by a reduction kernel over g on `stream`
-  // followed by a synchronisation of `stream` to read its result: a round trip per call, and
-  // a call with it cannot be captured in a CUDA graph. Off by default (serving, graphs).
+  // Check the values of g and cu_seqlens before running: g is the natural log of the decay,
+  // so g > 0 (a forgotten log-sigmoid, say) is refused with the first offending value and its
+  // index; -inf and NaN are not refused: they pass through to the outputs (docs/operator.md
+  // §6). Not with gate_in_kernel (g then holds the raw `a`, any real value). cu_seqlens must
+  // start at 0, not decrease and end at T.
+  // CPU tensors: always checked, whatever this flag (one read of each, small next to the call).
+  // CUDA tensors: checked only when this is true, by a reduction kernel over g and a copy of
+  // cu_seqlens to the host on `stream`, followed by a synchronisation of `stream`: a round trip
+  // per call, and a call with it cannot be captured in a CUDA graph. Off by default (serving,
+  // graphs): the kernels then clamp cu_seqlens values into [0, T] (an invalid tensor gives
+  // meaningless outputs for the sequences it misdescribes, never an access out of bounds).
   bool check_values = false;
 };
 

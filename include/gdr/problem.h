@@ -76,9 +76,9 @@ void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size
 // Validate every argument (docs/operator.md §6) before any memory is touched; throws
 // InvalidArgument whose message starts with `op`. The values of cu_seqlens (start 0,
 // non-decreasing, end T), of state_indices (< P) and of g (<= 0, unless gate_in_kernel; see
-// ExecConfig::check_values) are checked here when they live in host memory; for a CUDA
-// cu_seqlens the CUDA dispatch copies it to the host first and calls check_cu_seqlens_values,
-// and a CUDA g is checked by the dispatcher when ExecConfig::check_values asks for it.
+// ExecConfig::check_values) are checked here when they live in host memory; a CUDA cu_seqlens
+// and g are checked by the dispatcher when ExecConfig::check_values asks for it (cu_seqlens is
+// then copied to the host and given to check_cu_seqlens_values).
 Problem validate_forward(const ForwardParams& p, const char* op = "gdr.forward");
 Problem validate_backward(const BackwardParams& p, const char* op = "gdr.backward");
 Problem validate_decode(const DecodeParams& p, const char* op = "gdr.decode");

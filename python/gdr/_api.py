@@ -18,8 +18,9 @@ What gdr adds, as keyword arguments:
     A_log, dt_bias     gate in kernel: g holds the raw `a`, g = -exp(A_log) * softplus(a + dt_bias)
     use_beta_sigmoid_in_kernel   beta holds the raw `b`; beta = sigmoid(b)
     path, chunk_size   'auto' | 'reference' | 'sequential' | 'chunkwise'; 16 | 32 | 64
-    check_values       check g <= 0 on CUDA tensors too (a reduction kernel and a stream
-                       synchronisation per call, not capturable in CUDA graphs; off by default).
+    check_values       check g <= 0 and cu_seqlens on CUDA tensors too (a reduction kernel, a
+                       copy to the host and a stream synchronisation per call, not capturable in
+                       CUDA graphs; off by default: the kernels then clamp cu_seqlens into [0, T]).
                        CPU tensors are always checked: g > 0 (a forgotten log-sigmoid) is refused
                        with its index and value; -inf is allowed, NaN passes through
     save_chunk_intermediates   (chunk_gated_delta_rule, CPU training) the forward keeps each

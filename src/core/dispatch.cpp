@@ -27,15 +27,19 @@ const char* op_name(const ExecConfig& config, const char* fallback) {
   return config.op_name != nullptr && config.op_name[0] != '\0' ? config.op_name : fallback;
 }
 
-// g <= 0 on cuda, when the caller asks for it (ExecConfig::check_values; host tensors are
-// checked by validation).
-void check_gate_values(const Problem& prob, const TensorView& g, const Options& opts,
-                       const ExecConfig& config, const char* op) {
-  if (prob.device != DeviceType::cuda || !config.check_values || opts.gate_in_kernel) return;
+// The values that validation checks only in host memory, on cuda, when the caller asks for it
+// (ExecConfig::check_values): cu_seqlens (else clamped on the device) and g <= 0.
+void check_device_values(const Problem& prob, const Inputs& in, const Options& opts,
+                         const ExecConfig& config, const char* op) {
+  if (prob.device != DeviceType::cuda || !config.check_values) return;
 #if GDR_WITH_CUDA
+  if (prob.varlen) cuda::check_cu_seqlens(in.cu_seqlens, prob.T, config.stream, op);
+  if (opts.gate_in_kernel) return;
   PositiveGate found;
-  found.index = cuda::first_positive(g, config.stream, &found.value, op);
-  if (found.index >= 0) refuse_positive_gate(op, g, found);
+  found.index = cuda::first_positive(in.g, config.stream, &found.value, op);
+  if (found.index >= 0) refuse_positive_gate(op, in.g, found);
+#else
+  (void)in, (void)opts, (void)op;
 #endif
 }
 
@@ -121,7 +125,7 @@ void forward(const ForwardParams& params, const ExecConfig& config) {
   const char* op = op_name(config, "gdr.forward");
   const Problem prob = validate_forward(params, op);
   const Path path = resolve_forward(prob, params.saved, config, op);
-  check_gate_values(prob, params.in.g, params.opts, config, op);
+  check_device_values(prob, params.in, params.opts, config, op);
   if (prob.device == DeviceType::cuda) {
 #if GDR_WITH_CUDA
     validate_cuda_forward(prob, params, path, config, op);
@@ -160,7 +164,7 @@ void decode(const DecodeParams& params, const ExecConfig& config) {
   const char* op = op_name(config, "gdr.decode");
   const Problem prob = validate_decode(params, op);
   check_config(config, op);
-  check_gate_values(prob, params.g, params.opts, config, op);
+  check_device_values(prob, params.inputs(), params.opts, config, op);
   if (config.path == Path::reference || config.path == Path::chunkwise)
     refuse(op, "path " + std::string(to_string(config.path)) +
                    " does not apply to decode; supported: automatic, sequential");

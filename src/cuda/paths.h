@@ -31,4 +31,9 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
 // errors throw RuntimeFailure whose message starts with `op`.
 std::int64_t first_positive(const TensorView& g, void* stream, double* value, const char* op);
 
+// ExecConfig::check_values on cuda: copies cu_seqlens ([N + 1], i32 or i64, on the device) to
+// the host on `stream`, synchronises `stream` and checks its values (check_cu_seqlens_values:
+// 0 = c_0 <= ... <= c_N = T). Without the check the kernels clamp the values on the device.
+void check_cu_seqlens(const TensorView& cu_seqlens, std::int64_t T, void* stream, const char* op);
+
 }  // namespace gdr::cuda

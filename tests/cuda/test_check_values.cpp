@@ -1,7 +1,9 @@
 // ExecConfig::check_values on cuda (src/cuda/common/check_values.cu): asked for, g > 0 is
 // refused with the first offending element's index and value (forward and decode, scalar and
 // per-key gates, f32 and 16-bit gates, strided); -inf and NaN are not refused; with
-// gate_in_kernel g is the raw `a` and is not checked; off by default.
+// gate_in_kernel g is the raw `a` and is not checked; off by default. cu_seqlens values: refused
+// when asked for; unchecked, an invalid tensor runs (clamped on the device) on both forward
+// paths, and a valid one runs under CUDA-graph-friendly defaults.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -111,6 +113,46 @@ TEST(CudaCheckValues, MinusInfinityNanAndRawGatesAreNotRefused) {
   ForwardParams p = mirror_forward_params(m, e.forward_params());
   EXPECT_EQ(refusal([&] { forward(p, cfg); }), "");
   cuda_check(cudaDeviceSynchronize(), "forward");
+}
+
+TEST(CudaCheckValues, InvalidCuSeqlensRefusedWhenAskedClampedOtherwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  Case c = small_case(GateKind::scalar, DType::bf16);
+  c.B = 1;
+  c.seqlens = {70, 0, 1, 129};  // T = 200
+  c.strided = false;
+  // cu_seqlens as given, the message check_values gives, one element changed per row.
+  struct Bad {
+    std::int64_t index;
+    double value;
+    const char* message;
+  };
+  const Bad bad[] = {
+      {2, 60.0, "gdr.forward: cu_seqlens[2] is 60 < cu_seqlens[1] = 70; must be non-decreasing"},
+      {4, 300.0, "gdr.forward: cu_seqlens[4] is 300; must equal T=200"},
+      {0, -5.0, "gdr.forward: cu_seqlens[0] is -5; must be 0"},
+  };
+  for (const Bad& b : bad) {
+    for (const bool i64 : {false, true}) {
+      c.cu_seqlens_i64 = i64;
+      TestData d = make_problem(c);
+      d.cu_seqlens.set(b.index, b.value);
+      const std::string label = describe(d.c, d.seed) + " cu_seqlens[" +
+                                std::to_string(b.index) + "] = " + std::to_string(b.value);
+      DeviceMirror m;
+      ForwardParams p = mirror_forward_params(m, d.forward_params());
+      for (const Path path : {Path::sequential, Path::chunkwise}) {
+        ExecConfig cfg;
+        cfg.path = path;
+        cfg.check_values = true;
+        EXPECT_TRUE(starts_with(refusal([&] { forward(p, cfg); }), b.message))
+            << label << " " << to_string(path);
+        cfg.check_values = false;  // clamped on the device: runs, no fault
+        EXPECT_EQ(refusal([&] { forward(p, cfg); }), "") << label << " " << to_string(path);
+        cuda_check(cudaDeviceSynchronize(), "forward with an invalid cu_seqlens");
+      }
+    }
+  }
 }
 
 }  // namespace

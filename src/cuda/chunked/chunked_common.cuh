@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "cuda/common/mma_tf32.cuh"
+#include "cuda/common/sequences.cuh"
 
 namespace gdr::cuda::chunked {
 
@@ -85,11 +86,6 @@ __device__ __forceinline__ void store_from_float(void* p, std::int64_t off, int 
     static_cast<__nv_bfloat16*>(p)[off] = __float2bfloat16_rn(x);
 }
 
-__device__ __forceinline__ std::int64_t load_index(const void* p, std::int64_t i, int dtype) {
-  return dtype == 4 ? static_cast<const std::int32_t*>(p)[i]
-                    : static_cast<const std::int64_t*>(p)[i];
-}
-
 __device__ __forceinline__ float softplus(float x) {
   return x > 20.f ? x : log1pf(expf(x));
 }
@@ -99,14 +95,10 @@ struct SeqInfo {
   std::int64_t b, bos, len, slot0, chunks;
 };
 
-// cu_seqlens values are read on the device only: they are clamped into [0, T] and made
-// non-decreasing here, so that an invalid tensor cannot lead to an access out of bounds.
+// cu_seqlens values are read on the device only, clamped (common/sequences.cuh).
 __device__ __forceinline__ void seq_bounds(const ChunkArgs& a, std::int64_t n, std::int64_t& bos,
                                            std::int64_t& eos) {
-  bos = load_index(a.cu_seqlens, n, a.cu_dtype);
-  eos = load_index(a.cu_seqlens, n + 1, a.cu_dtype);
-  bos = bos < 0 ? 0 : (bos > a.T ? a.T : bos);
-  eos = eos < bos ? bos : (eos > a.T ? a.T : eos);
+  sequence_bounds(a.cu_seqlens, a.cu_dtype, n, a.T, bos, eos);
 }
 
 __device__ __forceinline__ SeqInfo seq_info(const ChunkArgs& a, std::int64_t n) {

@@ -1,4 +1,5 @@
-// The opt-in value check of g on cuda (ExecConfig::check_values, include/gdr/params.h): g is the
+// The opt-in value checks on cuda (ExecConfig::check_values, include/gdr/params.h): cu_seqlens
+// (copied to the host and checked there) and g. g is the
 // natural log of the decay, so an element > 0 is refused (-inf and NaN are not: they pass
 // through, docs/operator.md §6). One grid-stride pass over g's elements in logical row-major order
 // i = ((b T + t) Hv + h) [Dk + d]; element i lives at sum_k idx_k stride_k. Each thread stops
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/paths.h"
 #include "gdr/error.h"
@@ -55,7 +57,7 @@ __global__ void first_positive_kernel(const T* __restrict__ g, Layout l, long lo
 void check(cudaError_t err, const char* op, const char* what) {
   if (err != cudaSuccess)
     throw RuntimeFailure(std::string(op) + ": " + what +
-                         " failed in the g value check: " + cudaGetErrorString(err));
+                         " failed in the value check: " + cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -133,6 +135,23 @@ std::int64_t first_positive(const TensorView& g, void* stream_ptr, double* value
   }
   check(cudaSetDevice(previous), op, "cudaSetDevice");
   return host == ~0ull ? -1 : static_cast<std::int64_t>(host);
+}
+
+void check_cu_seqlens(const TensorView& cu, std::int64_t T, void* stream_ptr, const char* op) {
+  const std::int64_t count = cu.numel();
+  if (count == 0) return;  // refused by validation
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  std::vector<std::int64_t> host(static_cast<std::size_t>(count));  // large enough for i32 too
+  int previous = 0;
+  check(cudaGetDevice(&previous), op, "cudaGetDevice");
+  check(cudaSetDevice(cu.device_index), op, "cudaSetDevice");
+  const cudaError_t copied = cudaMemcpyAsync(host.data(), cu.data, count * dtype_size(cu.dtype),
+                                             cudaMemcpyDeviceToHost, stream);
+  const cudaError_t synced = copied == cudaSuccess ? cudaStreamSynchronize(stream) : copied;
+  check(cudaSetDevice(previous), op, "cudaSetDevice");
+  check(copied, op, "cudaMemcpyAsync(cu_seqlens)");
+  check(synced, op, "cudaStreamSynchronize");
+  check_cu_seqlens_values(host.data(), cu.dtype, count, T, op);
 }
 
 }  // namespace gdr::cuda

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "cuda/common/launch.h"
 #include "cuda/common/pools.h"
@@ -469,18 +468,9 @@ void recurrent_forward(const Problem& prob, const ForwardParams& p, const ExecCo
   DeviceGuard guard(prob.device_index, op);
   const auto stream = static_cast<cudaStream_t>(config.stream);
   RecurrentArgs a{};
-  if (prob.varlen) {
-    // Validation reads cu_seqlens values only from host memory: copy the device tensor over
-    // (ordered on the caller's stream) and check it here, before any kernel reads it.
-    const TensorView& cu = in.cu_seqlens;
-    std::vector<std::int64_t> host(static_cast<std::size_t>(prob.N) + 1);
-    check(cudaMemcpyAsync(host.data(), cu.data, (prob.N + 1) * dtype_size(cu.dtype),
-                          cudaMemcpyDeviceToHost, stream),
-          op, "cudaMemcpyAsync(cu_seqlens)");
-    check(cudaStreamSynchronize(stream), op, "cudaStreamSynchronize");
-    check_cu_seqlens_values(host.data(), cu.dtype, prob.N + 1, prob.T, op);
-    a.cu_seqlens = cu.data;
-    a.cu_dtype = static_cast<int>(cu.dtype);
+  if (prob.varlen) {  // read on the device only, clamped (common/sequences.cuh)
+    a.cu_seqlens = in.cu_seqlens.data;
+    a.cu_dtype = static_cast<int>(in.cu_seqlens.dtype);
   }
   if (prob.T == 0 && !prob.varlen && !p.final_state.defined()) return;
   set_token_inputs(a, in.q, in.k, in.v, in.g, in.beta, in.mask, p.o, in.A_log, in.dt_bias, p.opts,

@@ -40,6 +40,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/sequences.cuh"
+
 namespace gdr::cuda::detail {
 
 // Element type codes as in gdr::DType (types.h): f32 = 0, f16 = 1, bf16 = 2, i32 = 4, i64 = 5.
@@ -178,11 +180,6 @@ __device__ __forceinline__ void store4_from_float(void* p, std::int64_t i, int d
     *reinterpret_cast<uint2*>(static_cast<__half*>(p) + i) = make_uint2(
         *reinterpret_cast<const std::uint32_t*>(&lo), *reinterpret_cast<const std::uint32_t*>(&hi));
   }
-}
-
-__device__ __forceinline__ std::int64_t load_index(const void* p, std::int64_t i, int dtype) {
-  return dtype == kI64 ? static_cast<const std::int64_t*>(p)[i]
-                       : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p)[i]);
 }
 
 // Four consecutive floats; one 16-byte access when the row is 16-byte aligned, by default with
@@ -369,9 +366,10 @@ __device__ __forceinline__ std::int64_t item_state_row(const RecurrentArgs& a, s
 __device__ __forceinline__ BlockItem block_item_at(const RecurrentArgs& a, unsigned bid) {
   BlockItem it = block_item_head(a, bid);
   if (a.cu_seqlens) {
+    std::int64_t eos;
+    sequence_bounds(a.cu_seqlens, a.cu_dtype, it.n, a.T, it.t0, eos);
     it.b = 0;
-    it.t0 = load_index(a.cu_seqlens, it.n, a.cu_dtype);
-    it.len = load_index(a.cu_seqlens, it.n + 1, a.cu_dtype) - it.t0;
+    it.len = eos - it.t0;
   }
   it.row = item_state_row(a, it.n);
   return it;
@@ -762,9 +760,10 @@ __global__ void __launch_bounds__(256, 2) recurrent_kernel(const RecurrentArgs a
 
   std::int64_t b = n, t0 = 0, len = a.T;
   if (a.cu_seqlens) {
+    std::int64_t eos;
+    sequence_bounds(a.cu_seqlens, a.cu_dtype, n, a.T, t0, eos);
     b = 0;
-    t0 = load_index(a.cu_seqlens, n, a.cu_dtype);
-    len = load_index(a.cu_seqlens, n + 1, a.cu_dtype) - t0;
+    len = eos - t0;
   }
   std::int64_t row = n;
   if (a.state_indices) row = load_index(a.state_indices, n, a.idx_dtype);
