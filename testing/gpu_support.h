@@ -54,6 +54,19 @@ class DeviceMirror {
     d.data = p;
     return d;
   }
+  // A device buffer for `like`'s shape and strides (its data pointer is ignored), zero-filled.
+  TensorView allocate(const TensorView& like) {
+    TensorView d = like;
+    d.device = DeviceType::cuda;
+    d.device_index = 0;
+    const std::size_t bytes = span_bytes(like);
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, bytes > 0 ? bytes : 16), "cudaMalloc");
+    buffers_.push_back(p);
+    if (bytes > 0) cuda_check(cudaMemset(p, 0, bytes), "cudaMemset");
+    d.data = p;
+    return d;
+  }
   // Copies a device view back over the host view it mirrors.
   static void to_host(const TensorView& dev, const TensorView& host) {
     if (!dev.defined()) return;

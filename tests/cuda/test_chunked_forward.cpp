@@ -256,9 +256,9 @@ TEST(CudaChunkedForward, LongSequence) {
   check_chunked("2^17 tokens", c);
 }
 
-// A varlen call captured in a CUDA graph and replayed: its output equals the eager call's.
-TEST(CudaChunkedForward, GraphCaptureVarlen) {
-  REQUIRE_GPU();
+// A varlen call on `path` captured in a CUDA graph and replayed: its output equals the eager
+// call's (no host copy or synchronisation inside the call: cu_seqlens is read on the device).
+void graph_capture_varlen(Path path) {
   Case c = base_case(1, 0, 2, 4, 128);
   c.seqlens = {100, 0, 1, 300, 64};
   TestData d = make_problem(c);
@@ -278,7 +278,7 @@ TEST(CudaChunkedForward, GraphCaptureVarlen) {
   p.o = m.to_device(host.o);
   p.final_state = m.to_device(host.final_state);
   ExecConfig cfg;
-  cfg.path = Path::chunkwise;
+  cfg.path = path;
   cfg.stream = stream;
   forward(p, cfg);  // eager
   cuda_check(cudaStreamSynchronize(stream), "eager");
@@ -306,6 +306,16 @@ TEST(CudaChunkedForward, GraphCaptureVarlen) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(CudaChunkedForward, GraphCaptureVarlen) {
+  REQUIRE_GPU();
+  graph_capture_varlen(Path::chunkwise);
+}
+
+TEST(CudaRecurrentForward, GraphCaptureVarlen) {
+  REQUIRE_GPU();
+  graph_capture_varlen(Path::sequential);
 }
 
 // Path::automatic on cuda: the chunked forward above kCudaRecurrentMaxTokens tokens per sequence.
