@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "support.h"
@@ -30,5 +31,16 @@ void expect_backward_close(const BackwardResult& got, const BackwardResult& ref,
 void expect_path_close(TestData& d, Path path, const ExecConfig& config, const ForwardResult& ref,
                        const BackwardResult& gref, const std::string& label,
                        const TensorView& saved = {});
+
+// The message of the gdr::InvalidArgument that `f` throws; "" when it throws none (any other
+// exception propagates).
+inline std::string refusal(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace gdr::test

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include "core/cuda_support.h"
@@ -16,6 +15,7 @@
 #include "gdr/decode_overrides.h"
 #include "gdr/error.h"
 #include "gdr/problem.h"
+#include "support_gtest.h"
 
 namespace gdr::test {
 namespace {
@@ -284,15 +284,6 @@ Problem cuda_problem(std::int64_t D) {
   prob.dtype = DType::bf16;
   prob.device = DeviceType::cuda;
   return prob;
-}
-
-std::string refusal(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(CudaSupport, Messages) {

@@ -50,19 +50,7 @@ DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullpt
   if (with_saved) saved_host = make_saved(d, 64, SavedContent::chunk_states);  // NaN everywhere
   ForwardParams host = d.forward_params();
   DeviceMirror m;
-  ForwardParams p = host;
-  p.in.q = m.to_device(host.in.q);
-  p.in.k = m.to_device(host.in.k);
-  p.in.v = m.to_device(host.in.v);
-  p.in.g = m.to_device(host.in.g);
-  p.in.beta = m.to_device(host.in.beta);
-  p.in.A_log = m.to_device(host.in.A_log);
-  p.in.dt_bias = m.to_device(host.in.dt_bias);
-  p.in.h0 = m.to_device(host.in.h0);
-  p.in.mask = m.to_device(host.in.mask);
-  p.in.cu_seqlens = m.to_device(host.in.cu_seqlens);
-  p.o = m.to_device(host.o);
-  p.final_state = m.to_device(host.final_state);
+  ForwardParams p = mirror_forward_params(m, host);
   if (with_saved) p.saved = m.to_device(saved_host.view());
   ExecConfig cfg;
   cfg.path = Path::chunkwise;
@@ -267,16 +255,7 @@ void graph_capture_varlen(Path path) {
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   ForwardParams host = d.forward_params();
   DeviceMirror m;
-  ForwardParams p = host;
-  p.in.q = m.to_device(host.in.q);
-  p.in.k = m.to_device(host.in.k);
-  p.in.v = m.to_device(host.in.v);
-  p.in.g = m.to_device(host.in.g);
-  p.in.beta = m.to_device(host.in.beta);
-  p.in.h0 = m.to_device(host.in.h0);
-  p.in.cu_seqlens = m.to_device(host.in.cu_seqlens);
-  p.o = m.to_device(host.o);
-  p.final_state = m.to_device(host.final_state);
+  ForwardParams p = mirror_forward_params(m, host);
   ExecConfig cfg;
   cfg.path = path;
   cfg.stream = stream;
