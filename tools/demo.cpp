@@ -1,13 +1,14 @@
-// `gdr demo`: the per-token training loop against the chunkwise form on one layer.
+// `gdr demo`: the per-token training loop against the chunkwise form on one layer, on the CPU
+// (`gdr demo --device cuda`, the training step on the GPU, is demo_cuda.cpp; the layer and its
+// inputs are demo_layer.h).
 //
 // On the seed layer (Hk = 16, Hv = 32, Dk = Dv = 128, one layer, forward + backward, fp32 by
 // default) and for each T, runs
 //   sequential - the fp32 per-token loop of docs/operator.md §2; backward by reverse mode with
-//   states
-//                saved every C tokens (O(T / C) memory), the careful baseline
-//   chunkwise  - the chunkwise-parallel form of docs/operator.md §3-4 (matrix products); a training
-//                step as the torch layer runs it: the forward saves the chunk-boundary states
-//                (ForwardParams::saved, allocated in each timed step) and the backward
+//                states saved every C tokens (O(T / C) memory), the careful baseline
+//   chunkwise  - the chunkwise-parallel form of docs/operator.md §3-4 (matrix products); a
+//                training step as the torch layer runs it: the forward saves the chunk-boundary
+//                states (ForwardParams::saved, allocated in each timed step) and the backward
 //                recomputes each chunk's matrices from them
 // each in a fresh child process (this binary re-executed with the hidden `demo-worker`
 // subcommand), and prints time, peak memory, their ratios and the relative Frobenius error
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "demo_layer.h"
 #include "gdr/gdr.h"
 #include "process_memory.h"
 
@@ -42,19 +44,7 @@ namespace {
 
 using std::int64_t;
 using json = nlohmann::json;
-
-struct DemoOptions {
-  std::vector<int64_t> T{512, 1024, 2048, 4096};
-  std::vector<int64_t> heads{16, 32};  // Hk, Hv
-  int64_t Dk = 128, Dv = 128;
-  std::string dtype = "f32";
-  int threads = 0;
-  int64_t batch = 1;
-  int repeats = 2;  // timed runs per (path, T); the fastest is reported
-  double max_sequential_s = 60.0;
-  std::uint64_t seed = 20261129;
-  std::string json_path;
-};
+namespace demo = gdr::tools::demo;
 
 struct WorkerOptions {
   std::string path = "chunkwise";
@@ -65,125 +55,12 @@ struct WorkerOptions {
   std::string dump;  // prefix of the files the outputs are written to (as f32); empty: none
 };
 
-gdr::DType parse_dtype(const std::string& s) {
-  if (s == "f32") return gdr::DType::f32;
-  if (s == "f64") return gdr::DType::f64;
-  if (s == "bf16") return gdr::DType::bf16;
-  if (s == "f16") return gdr::DType::f16;
-  throw gdr::InvalidArgument("gdr demo: --dtype is " + s + "; supported: f32, f64, bf16, f16");
-}
-
-// ---- element conversion (inputs generated in double, stored in the dtype) ----
-
-std::uint16_t to_bf16(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<std::uint16_t>(u >> 16);
-}
-float from_bf16(std::uint16_t h) {
-  std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-// A contiguous host buffer of one dtype.
-class Buffer {
- public:
-  Buffer(gdr::DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-    n_ = 1;
-    for (int64_t s : shape_) n_ *= s;
-    bytes_.assign(static_cast<std::size_t>(n_ * gdr::dtype_size(dtype_)), 0);
-  }
-  int64_t size() const { return n_; }
-  void set(int64_t i, double x) {
-    switch (dtype_) {
-      case gdr::DType::f32: reinterpret_cast<float*>(bytes_.data())[i] = float(x); break;
-      case gdr::DType::f64: reinterpret_cast<double*>(bytes_.data())[i] = x; break;
-      case gdr::DType::bf16:
-        reinterpret_cast<std::uint16_t*>(bytes_.data())[i] = to_bf16(float(x));
-        break;
-      case gdr::DType::f16:
-        reinterpret_cast<_Float16*>(bytes_.data())[i] = static_cast<_Float16>(x);
-        break;
-      default: break;
-    }
-  }
-  float get(int64_t i) const {
-    switch (dtype_) {
-      case gdr::DType::f32: return reinterpret_cast<const float*>(bytes_.data())[i];
-      case gdr::DType::f64: return float(reinterpret_cast<const double*>(bytes_.data())[i]);
-      case gdr::DType::bf16:
-        return from_bf16(reinterpret_cast<const std::uint16_t*>(bytes_.data())[i]);
-      case gdr::DType::f16: return float(reinterpret_cast<const _Float16*>(bytes_.data())[i]);
-      default: return 0.0f;
-    }
-  }
-  gdr::TensorView view() {
-    gdr::TensorView t;
-    t.data = bytes_.data();
-    t.dtype = dtype_;
-    t.rank = static_cast<int>(shape_.size());
-    int64_t step = 1;
-    for (int d = t.rank - 1; d >= 0; --d) {
-      t.shape[d] = shape_[d];
-      t.stride[d] = step;
-      step *= shape_[d];
-    }
-    return t;
-  }
-
- private:
-  gdr::DType dtype_;
-  std::vector<int64_t> shape_;
-  int64_t n_ = 0;
-  std::vector<unsigned char> bytes_;
-};
-
 // The child: one path, one T; prints one JSON line.
 int run_worker(const WorkerOptions& w) {
-  const gdr::DType dt = parse_dtype(w.dtype);
-  const int64_t B = w.batch, T = w.T, Hk = w.Hk, Hv = w.Hv, Dk = w.Dk, Dv = w.Dv;
-  std::mt19937_64 rng(w.seed);
-  std::normal_distribution<double> normal;
-  std::uniform_real_distribution<double> uniform;
-  Buffer q(dt, {B, T, Hk, Dk}), k(dt, {B, T, Hk, Dk}), v(dt, {B, T, Hv, Dv});
-  Buffer g(gdr::DType::f32, {B, T, Hv}), beta(gdr::DType::f32, {B, T, Hv});
-  Buffer dout(dt, {B, T, Hv, Dv});
-  std::vector<double> row(static_cast<std::size_t>(Dk));
-  for (int64_t r = 0; r < B * T * Hk; ++r) {  // keys L2-normalised per row
-    double n2 = 0;
-    for (int64_t i = 0; i < Dk; ++i) n2 += (row[i] = normal(rng)) * row[i];
-    for (int64_t i = 0; i < Dk; ++i) k.set(r * Dk + i, row[i] / std::sqrt(n2));
-    for (int64_t i = 0; i < Dk; ++i) q.set(r * Dk + i, normal(rng));
-  }
-  for (int64_t i = 0; i < v.size(); ++i) v.set(i, normal(rng));
-  for (int64_t i = 0; i < g.size(); ++i) g.set(i, -0.2 * uniform(rng));  // mild decay
-  for (int64_t i = 0; i < beta.size(); ++i) beta.set(i, uniform(rng));
-  for (int64_t i = 0; i < dout.size(); ++i) dout.set(i, normal(rng));
-  Buffer o(dt, {B, T, Hv, Dv}), dq(dt, {B, T, Hk, Dk}), dk(dt, {B, T, Hk, Dk});
-  Buffer dv(dt, {B, T, Hv, Dv}), dg(gdr::DType::f32, {B, T, Hv}),
-      dbeta(gdr::DType::f32, {B, T, Hv});
-  for (Buffer* b : {&o, &dq, &dk, &dv, &dg, &dbeta})
-    for (int64_t i = 0; i < b->size(); ++i) b->set(i, 0.0);  // touch every page
-
-  gdr::ForwardParams fp;
-  fp.in.q = q.view();
-  fp.in.k = k.view();
-  fp.in.v = v.view();
-  fp.in.g = g.view();
-  fp.in.beta = beta.view();
-  fp.o = o.view();
-  gdr::BackwardParams bp;
-  bp.in = fp.in;
-  bp.dout = dout.view();
-  bp.dq = dq.view();
-  bp.dk = dk.view();
-  bp.dv = dv.view();
-  bp.dg = dg.view();
-  bp.dbeta = dbeta.view();
+  const gdr::DType dt = demo::parse_dtype(w.dtype);
+  demo::Layer l = demo::make_layer({w.batch, w.T, w.Hk, w.Hv, w.Dk, w.Dv}, dt, w.seed);
+  gdr::ForwardParams fp = demo::forward_params(l);
+  gdr::BackwardParams bp = demo::backward_params(l);
   gdr::ExecConfig cfg;
   cfg.path = w.path == "sequential" ? gdr::Path::sequential : gdr::Path::chunkwise;
   cfg.num_threads = w.threads;
@@ -212,12 +89,10 @@ int run_worker(const WorkerOptions& w) {
   const double peak = gdr::process::peak_rss_bytes();
 
   if (!w.dump.empty()) {
-    const std::pair<const char*, Buffer*> outs[] = {{"o", &o},   {"dq", &dq}, {"dk", &dk},
-                                                    {"dv", &dv}, {"dg", &dg}, {"dbeta", &dbeta}};
-    for (const auto& [name, buf] : outs) {
-      std::ofstream f(w.dump + "." + name, std::ios::binary);
-      std::vector<float> tmp(static_cast<std::size_t>(buf->size()));
-      for (int64_t i = 0; i < buf->size(); ++i) tmp[i] = buf->get(i);
+    const std::vector<demo::Buffer*> outs = l.outputs();
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      std::ofstream f(w.dump + "." + demo::kOutputNames[i], std::ios::binary);
+      const std::vector<float> tmp = outs[i]->to_floats();
       f.write(reinterpret_cast<const char*>(tmp.data()), std::streamsize(tmp.size() * 4));
     }
   }
@@ -236,18 +111,6 @@ std::vector<float> read_floats(const std::string& path) {
   f.seekg(0);
   f.read(reinterpret_cast<char*>(x.data()), std::streamsize(bytes));
   return x;
-}
-
-// ||a - ref|| / ||ref||
-double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  if (a.size() != ref.size() || ref.empty()) return NAN;
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = double(a[i]) - double(ref[i]);
-    num += d * d;
-    den += double(ref[i]) * double(ref[i]);
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 std::string self_exe() {
@@ -282,10 +145,10 @@ Measured spawn_worker(const std::string& exe, const WorkerOptions& w) {
                   j.at("baseline_rss_bytes")};
 }
 
-int run_demo(const DemoOptions& d) {
+int run_demo(const demo::Options& d) {
   if (d.heads.size() != 2)
     throw gdr::InvalidArgument("gdr demo: --heads takes Hk,Hv (two numbers)");
-  parse_dtype(d.dtype);
+  demo::parse_dtype(d.dtype);
   const std::string exe = self_exe();
   char tmpl[] = "/tmp/gdr-demo-XXXXXX";
   if (!mkdtemp(tmpl)) throw gdr::RuntimeFailure("gdr demo: cannot create a temporary directory");
@@ -359,7 +222,7 @@ int run_demo(const DemoOptions& d) {
     if (shrink == 1) {
       for (const char* name : {"o", "dq", "dk", "dv", "dg", "dbeta"}) {
         const std::string suffix = std::string(".") + name;
-        err[name] = rel_error(read_floats(wc.dump + suffix), read_floats(ws.dump + suffix));
+        err[name] = demo::rel_error(read_floats(wc.dump + suffix), read_floats(ws.dump + suffix));
         std::remove((wc.dump + suffix).c_str());
         std::remove((ws.dump + suffix).c_str());
       }
@@ -454,7 +317,7 @@ void report_errors(const char* what, F&& f) {
 namespace gdr::tools {
 
 void add_demo_command(CLI::App& app) {
-  auto opts = std::make_shared<DemoOptions>();
+  auto opts = std::make_shared<demo::Options>();
   CLI::App* demo = app.add_subcommand(
       "demo", "Time and peak memory of the per-token loop vs the chunkwise form on one layer");
   demo->add_option("--T", opts->T, "sequence lengths")->delimiter(',')->capture_default_str();
@@ -472,7 +335,26 @@ void add_demo_command(CLI::App& app) {
       ->capture_default_str();
   demo->add_option("--seed", opts->seed, "input seed")->capture_default_str();
   demo->add_option("--json", opts->json_path, "write the rows as JSON to this file");
-  demo->callback([opts] { report_errors("gdr demo", [&] { run_demo(*opts); }); });
+  demo->add_option("--device", opts->device,
+                   "cpu: the per-token loop against the chunkwise form; cuda: the training step on "
+                   "the GPU (defaults there: --dtype bf16, --T 512,...,65536)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  demo->add_option("--max-check-T", opts->max_check_T,
+                   "cuda: compare with the CPU sequential path up to this T")
+      ->capture_default_str();
+  demo->callback([opts, demo] {
+    report_errors("gdr demo", [&] {
+      if (opts->device == "cpu") {
+        run_demo(*opts);
+        return;
+      }
+      demo::Options d = *opts;
+      if (demo->count("--dtype") == 0) d.dtype = "bf16";
+      if (demo->count("--T") == 0) d.T = {512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
+      demo::run_demo_cuda(d);
+    });
+  });
 
   auto w = std::make_shared<WorkerOptions>();
   CLI::App* worker = app.add_subcommand("demo-worker", "");
