@@ -1,8 +1,14 @@
 // Shared pieces of the chunked forward (chunked_forward.cu): the kernel arguments, element
 // loads/stores by run-time dtype, the fused element-wise options (docs/operator.md §1; the same
-// formulas as src/cpu/canonical.cpp), the (sequence, chunk) map of a chunk slot, and a warp-level
-// tensor-core tile product on fp32 operands (mma.sync m16n8k8 tf32: one product per operand pair,
-// or three (hi*hi + hi*lo + lo*hi) for fp32 inputs).
+// formulas as src/cpu/canonical.cpp), the (sequence, chunk) map of a chunk slot, and warp-level
+// tensor-core tile products: on fp32 operands (mma.sync m16n8k8 tf32: one product per operand
+// pair, or three (hi*hi + hi*lo + lo*hi) for fp32 inputs), and on bf16 operands (mma.sync
+// m16n8k16: one product where both operands are bf16 data, two where the second is fp32 data
+// split into bf16 hi + lo, src/cuda/common/mma_bf16.cuh).
+//
+// Scratch element type St: float for fp32 inputs (the 3xTF32 path), __nv_bfloat16 for f16 and
+// bf16 inputs (W, U / Vnew, Qs, Kd, P rounded once to bf16, as FLA stores them; the state and the
+// chunk states stay fp32).
 //
 // Chunk slots: slot s holds chunk c of sequence n, s = c0(n) + c with c0(n) = sum_{m<n}
 // ceil(L_m / C); without varlen c0(n) = n ceil(T / C). Under varlen c0 is built on the device
@@ -16,6 +22,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/mma_bf16.cuh"
 #include "cuda/common/mma_tf32.cuh"
 
 namespace gdr::cuda::chunked {
@@ -57,15 +64,16 @@ struct ChunkArgs {
   float scale, eps;
   int in_dtype, g_dtype, beta_dtype, cu_dtype;
   bool varlen, per_key, v_first, gate_in_kernel, beta_sigmoid, qk_l2norm;
-  // Scratch (fp32), per (slot, value head) p = slot * Hv + h: W [C, Dk], U [C, Dv] (overwritten
-  // by Vnew in the state pass), Qs [C, Dk], Kd [C, Dk], P [C, C] at p * C * width; gn [Dk] or
-  // [1] at p * (per_key ? Dk : 1).
+  // Scratch, per (slot, value head) p = slot * Hv + h, elements of the scratch type St (float
+  // for fp32 inputs, bf16 for f16 / bf16 inputs): W [C, Dk], U [C, Dv] (overwritten by Vnew in
+  // the state pass), Qs [C, Dk], Kd [C, Dk], P [C, C] at p * C * width; fp32 gn [Dk] or [1] at
+  // p * (per_key ? Dk : 1).
   std::int64_t* chunk_off;  // varlen: [N + 1]
-  float* W;
-  float* U;
-  float* Qs;
-  float* Kd;
-  float* P;
+  void* W;
+  void* U;
+  void* Qs;
+  void* Kd;
+  void* P;
   float* gn;
 };
 
@@ -161,23 +169,61 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
                : "memory");
 }
 
-// Issues cp.async copies of `rows` rows of `width` floats (row stride src_ld floats in global
+// Issues cp.async copies of `rows` rows of `width` elements (row stride src_ld elements in global
 // memory) into shared rows of stride ld; vec: 16-byte copies (both sides 16-byte aligned), else
-// 4-byte. Completion: cp_async_wait + a barrier.
-__device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, std::int64_t src_ld,
+// 4-byte (4-byte elements only: 16-bit scratch rows are always 16-byte aligned). Completion:
+// cp_async_wait + a barrier.
+template <class E>
+__device__ __forceinline__ void copy_rows(E* dst, int ld, const E* src, std::int64_t src_ld,
                                           int rows, int width, bool vec = true) {
-  if (vec) {
-    const int w4 = width / 4;
-    for (int e = threadIdx.x; e < rows * w4; e += blockDim.x) {
-      const int r = e / w4, i = e - r * w4;
-      detail::cp_async16(dst + r * ld + 4 * i, src + r * src_ld + 4 * i);
-    }
-  } else {
-    for (int e = threadIdx.x; e < rows * width; e += blockDim.x) {
-      const int r = e / width, i = e - r * width;
-      cp_async4(dst + r * ld + i, src + r * src_ld + i);
+  if constexpr (sizeof(E) == 4) {
+    if (!vec) {
+      for (int e = threadIdx.x; e < rows * width; e += blockDim.x) {
+        const int r = e / width, i = e - r * width;
+        cp_async4(dst + r * ld + i, src + r * src_ld + i);
+      }
+      return;
     }
   }
+  constexpr int per = 16 / static_cast<int>(sizeof(E));
+  const int wv = width / per;
+  for (int e = threadIdx.x; e < rows * wv; e += blockDim.x) {
+    const int r = e / wv, i = e - r * wv;
+    detail::cp_async16(dst + r * ld + per * i, src + r * src_ld + per * i);
+  }
+}
+
+// Scratch elements: St is float (fp32 inputs) or __nv_bfloat16 (16-bit inputs).
+template <class St>
+inline constexpr bool kX3 = sizeof(St) == 4;  // fp32 scratch: the 3xTF32 products
+template <class St>
+__device__ __forceinline__ St to_scratch(float x) {
+  if constexpr (sizeof(St) == 4)
+    return x;
+  else
+    return __float2bfloat16_rn(x);
+}
+template <class St>
+__device__ __forceinline__ float from_scratch(St x) {
+  if constexpr (sizeof(St) == 4)
+    return x;
+  else
+    return __bfloat162float(x);
+}
+// p[0] = x, p[1] = y (p 2-element aligned).
+template <class St>
+__device__ __forceinline__ void store_pair(St* p, float x, float y) {
+  if constexpr (sizeof(St) == 4)
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+  else
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+// The packed bf16 pair (p[0], p[1]) (p 2-element aligned), and (p[0], p[ld]) (a column pair).
+__device__ __forceinline__ std::uint32_t load_pair(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
+}
+__device__ __forceinline__ std::uint32_t load_col_pair(const __nv_bfloat16* p, int ld) {
+  return detail::pack_bf16(p[0], p[ld]);
 }
 
 // x rounded to tf32 (nearest, ties away), as the products' single-pass operands.
@@ -215,6 +261,34 @@ __device__ __forceinline__ void mma_tile(float (&acc)[NT][4], int K, FA a, FB b)
       for (int nt = 0; nt < NT; ++nt)
         detail::mma_tf32(acc[nt], av, to_tf32(b(k0 + c, 8 * nt + g)),
                          to_tf32(b(k0 + c + 4, 8 * nt + g)));
+    }
+  }
+}
+
+// acc[nt] += A[16 x K] B[K x 8 NT] for one warp on bf16 operands (mma.sync m16n8k16, fp32
+// accumulation), K a multiple of 16. A is bf16 data: a2(i, k) returns the packed pair A(i, k),
+// A(i, k + 1) (k even). SplitB: B is fp32 data, b(k, j) returns B(k, j) as a float, split into
+// bf16 hi + lo (two products; ~2^-17 relative, mma_bf16.cuh); else B is bf16 data and b(k, j)
+// returns the packed pair B(k, j), B(k + 1, j) (one product, exact operands). acc as mma_tile.
+template <int NT, bool SplitB, class FA, class FB>
+__device__ __forceinline__ void mma_tile_bf16(float (&acc)[NT][4], int K, FA a2, FB b) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll 2
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    const int k = k0 + 2 * c;
+    const uint4 av = make_uint4(a2(g, k), a2(g + 8, k), a2(g, k + 8), a2(g + 8, k + 8));
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int j = 8 * nt + g;
+      if constexpr (SplitB) {
+        std::uint32_t h0, l0, h1, l1;
+        detail::split_bf16(b(k, j), b(k + 1, j), h0, l0);
+        detail::split_bf16(b(k + 8, j), b(k + 9, j), h1, l1);
+        detail::mma_bf16(acc[nt], av, l0, l1);
+        detail::mma_bf16(acc[nt], av, h0, h1);
+      } else {
+        detail::mma_bf16(acc[nt], av, b(k, j), b(k + 8, j));
+      }
     }
   }
 }

@@ -2,9 +2,10 @@
 // design in docs/cuda-chunked.md): gdr::cuda::chunked_forward. No host synchronisation and no
 // device-to-host copy: the scratch comes from cudaMallocAsync on the call's stream and cu_seqlens
 // is read on the device only (chunk_table_kernel), so a call can be captured in a CUDA graph.
-//   scratch per chunk slot and value head: (3 Dk + Dv + C) C + (Dk or 1) floats, plus Dk Dv
-//   floats of chunk state unless ForwardParams::saved holds them, plus N + 1 int64 chunk offsets
-//   under varlen.
+//   scratch per chunk slot and value head: (3 Dk + Dv + C) C elements of the scratch type (fp32
+//   for fp32 inputs, bf16 for f16 / bf16 inputs) and (Dk or 1) floats, plus Dk Dv floats of chunk
+//   state unless ForwardParams::saved holds them, plus N + 1 int64 chunk offsets under varlen.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -22,9 +23,9 @@ using chunked::ChunkArgs;
 using chunked::kC;
 using chunked::kThreads;
 
-template <bool PerKey, bool X3>
+template <bool PerKey, class St>
 void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::chunk_prep_kernel<PerKey, X3>;
+  const auto kernel = chunked::chunk_prep_kernel<PerKey, St>;
   const std::size_t smem = chunked::prep_smem_bytes(a.Dk, a.Dv, PerKey);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv)), kThreads, smem,
@@ -32,10 +33,10 @@ void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char
   check(cudaGetLastError(), op, "chunk_prep_kernel launch");
 }
 
-template <int BV, bool X3>
+template <int BV, class St>
 void launch_state(const ChunkArgs& a, int nbuf, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::state_pass_kernel<BV, X3>;
-  const std::size_t smem = chunked::state_smem_bytes(a.Dk, BV, nbuf);
+  const auto kernel = chunked::state_pass_kernel<BV, St>;
+  const std::size_t smem = chunked::state_smem_bytes<St>(a.Dk, BV, nbuf);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / BV)),
@@ -45,15 +46,42 @@ void launch_state(const ChunkArgs& a, int nbuf, int device, cudaStream_t stream,
 
 constexpr int kOutBV = 64;  // value columns per block of the output kernel
 
-template <bool X3>
+template <class St>
 void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::chunk_output_kernel<kOutBV, X3>;
-  const std::size_t smem = chunked::output_smem_bytes(a.Dk, kOutBV);
+  const auto kernel = chunked::chunk_output_kernel<kOutBV, St>;
+  const std::size_t smem = chunked::output_smem_bytes<St>(a.Dk, kOutBV);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / kOutBV)),
            kThreads, smem, stream>>>(a);
   check(cudaGetLastError(), op, "chunk_output_kernel launch");
+}
+
+// Prep, state pass and output kernels with scratch elements St.
+template <class St>
+void run_kernels(const ChunkArgs& a, const Problem& prob, int sms, int smem_optin, int dev,
+                 cudaStream_t stream, const char* op) {
+  if (a.slots > 0) {
+    if (a.per_key)
+      launch_prep<true, St>(a, dev, stream, op);
+    else
+      launch_prep<false, St>(a, dev, stream, op);
+  }
+  // State pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
+  // idle; two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit
+  // in one wave and the shared memory allows, else one.
+  const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
+  const int bv = 2 * blocks32 <= sms ? 16 : 32;
+  const std::int64_t blocks = blocks32 * (32 / bv);
+  const int nbuf = blocks <= sms && chunked::state_smem_bytes<St>(a.Dk, bv, 2) <=
+                                        static_cast<std::size_t>(smem_optin)
+                       ? 2
+                       : 1;
+  if (bv == 16)
+    launch_state<16, St>(a, nbuf, dev, stream, op);
+  else
+    launch_state<32, St>(a, nbuf, dev, stream, op);
+  if (a.slots > 0) launch_output<St>(a, dev, stream, op);
 }
 
 }  // namespace
@@ -121,35 +149,43 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   }
   if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
 
-  // Scratch: W, U, Qs, Kd, P, the chunk states unless `saved` holds them, gn, chunk offsets.
+  // Scratch: W, U, Qs, Kd, P (St), the chunk states unless `saved` holds them, gn (fp32),
+  // chunk offsets. Every region is a multiple of 16 bytes (C = 64 rows of Dk, Dv, C elements).
+  const bool x3 = prob.dtype == DType::f32;
+  const std::int64_t esize = x3 ? 4 : 2;
   const std::int64_t items = a.slots * prob.Hv;
   const bool own_states = !p.saved.defined();
+  const std::int64_t st_elems = items * kC * (3 * prob.Dk + prob.Dv + kC);
   const std::int64_t floats =
-      items * (kC * (3 * prob.Dk + prob.Dv + kC) + (a.per_key ? prob.Dk : 1) +
-               (own_states ? prob.Dk * prob.Dv : 0));
-  const std::int64_t bytes = floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
+      items * ((a.per_key ? prob.Dk : 1) + (own_states ? prob.Dk * prob.Dv : 0));
+  const std::int64_t bytes =
+      st_elems * esize + floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
   void* scratch = nullptr;
   check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
-  float* f = static_cast<float*>(scratch);
-  a.W = f, f += items * kC * prob.Dk;
-  a.U = f, f += items * kC * prob.Dv;
-  a.Qs = f, f += items * kC * prob.Dk;
-  a.Kd = f, f += items * kC * prob.Dk;
-  a.P = f, f += items * kC * kC;
-  if (own_states) {  // 16-byte aligned: every region before it is a multiple of 4 floats
-    a.saved = f, f += items * prob.Dk * prob.Dv;
+  char* b = static_cast<char*>(scratch);
+  auto take = [&](std::int64_t elems, std::int64_t size) {
+    void* r = b;
+    b += elems * size;
+    return r;
+  };
+  a.W = take(items * kC * prob.Dk, esize);
+  a.U = take(items * kC * prob.Dv, esize);
+  a.Qs = take(items * kC * prob.Dk, esize);
+  a.Kd = take(items * kC * prob.Dk, esize);
+  a.P = take(items * kC * kC, esize);
+  if (own_states) {  // 16-byte aligned: every region before it is a multiple of 16 bytes
+    a.saved = static_cast<float*>(take(items * prob.Dk * prob.Dv, 4));
     a.saved_s0 = prob.Hv * prob.Dk * prob.Dv, a.saved_s1 = prob.Dk * prob.Dv;
   } else {
     a.saved = static_cast<float*>(p.saved.data);
     a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
   }
-  a.gn = f, f += items * (a.per_key ? prob.Dk : 1);
+  a.gn = static_cast<float*>(take(items * (a.per_key ? prob.Dk : 1), 4));
   a.states_vec = reinterpret_cast<std::uintptr_t>(a.saved) % 16 == 0 && a.saved_s0 % 4 == 0 &&
                  a.saved_s1 % 4 == 0;
-  a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(f) + 15) &
+  a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(b) + 15) &
                                                 ~static_cast<std::uintptr_t>(15));
 
-  const bool x3 = prob.dtype == DType::f32;
   const int dev = prob.device_index;
   const int sms = sm_count(dev, op);
   int smem_optin = 0;
@@ -160,32 +196,10 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
       chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
       check(cudaGetLastError(), op, "chunk_table_kernel launch");
     }
-    if (a.slots > 0) {
-      if (a.per_key)
-        x3 ? launch_prep<true, true>(a, dev, stream, op)
-           : launch_prep<true, false>(a, dev, stream, op);
-      else
-        x3 ? launch_prep<false, true>(a, dev, stream, op)
-           : launch_prep<false, false>(a, dev, stream, op);
-    }
-    // State pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
-    // idle; two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit
-    // in one wave and the shared memory allows, else one (two blocks per SM at Dk <= 128).
-    const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
-    const int bv = 2 * blocks32 <= sms ? 16 : 32;
-    const std::int64_t blocks = blocks32 * (32 / bv);
-    const int nbuf = blocks <= sms && chunked::state_smem_bytes(a.Dk, bv, 2) <=
-                                          static_cast<std::size_t>(smem_optin)
-                         ? 2
-                         : 1;
-    if (bv == 16)
-      x3 ? launch_state<16, true>(a, nbuf, dev, stream, op)
-         : launch_state<16, false>(a, nbuf, dev, stream, op);
+    if (x3)
+      run_kernels<float>(a, prob, sms, smem_optin, dev, stream, op);
     else
-      x3 ? launch_state<32, true>(a, nbuf, dev, stream, op)
-         : launch_state<32, false>(a, nbuf, dev, stream, op);
-    if (a.slots > 0)
-      x3 ? launch_output<true>(a, dev, stream, op) : launch_output<false>(a, dev, stream, op);
+      run_kernels<__nv_bfloat16>(a, prob, sms, smem_optin, dev, stream, op);
   } catch (...) {
     (void)cudaFreeAsync(scratch, stream);
     throw;

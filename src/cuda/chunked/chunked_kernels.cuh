@@ -25,7 +25,12 @@
 //
 // chunk_output_kernel, grid (chunk slots, Hv, Dv / 64), 256 threads, independent chunks:
 //   O = Qs S + P Vnew -> o (rows < n), S the chunk-state row (the state entering the chunk).
-// All products on the tensor cores (tf32 m16n8k8; three products per pair for fp32 inputs).
+// Scratch elements St: fp32 for fp32 inputs, bf16 for f16 / bf16 inputs (W, U / Vnew, Qs, Kd, P
+// rounded once to bf16 when written; gn, the state and the chunk states stay fp32). All products
+// on the tensor cores: fp32 inputs 3xTF32 (m16n8k8, three products per pair, ~fp32 accuracy);
+// 16-bit inputs: prep's products single tf32 on fp32 shared-memory operands, the state pass's and
+// the output kernel's m16n8k16 bf16 (one product where both operands are bf16 scratch, two where
+// one is the fp32 state or Vnew, split into bf16 hi + lo: src/cuda/common/mma_bf16.cuh).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -73,8 +78,9 @@ inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key) {
   return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 2 * kC);
 }
 
-template <bool PerKey, bool X3>
+template <bool PerKey, class St>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
+  constexpr bool X3 = kX3<St>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   __syncthreads();
 
   const std::int64_t pidx = slot * a.Hv + h;
-  float* Pg = a.P + pidx * kC * kC;
+  St* Pg = static_cast<St*>(a.P) + pidx * kC * kC;
   const int lg = lane >> 2, lc = lane & 3;
   // A (shared) and P (scratch).
   if constexpr (!PerKey) {
@@ -221,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
         const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
         sA[r * ldA + j] = j < r ? sBeta[r] * gam * kk[nt][e] : 0.f;
-        Pg[r * kC + j] = a.scale * gam * qk[nt][e];
+        Pg[r * kC + j] = to_scratch<St>(a.scale * gam * qk[nt][e]);
       }
   } else {
     for (int pair = warp; pair < kC * kC; pair += kThreads / 32) {
@@ -241,23 +247,23 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       }
       if (lane == 0) {
         sA[r * ldA + j] = j < r ? sBeta[r] * kk : 0.f;
-        Pg[r * kC + j] = a.scale * qk;
+        Pg[r * kC + j] = to_scratch<St>(a.scale * qk);
       }
     }
   }
   __syncthreads();
   // Qs, Kd, gn to scratch; sK <- beta e^G .* K (the right-hand side of W).
   {
-    float* Qs = a.Qs + pidx * kC * Dk;
-    float* Kd = a.Kd + pidx * kC * Dk;
+    St* Qs = static_cast<St*>(a.Qs) + pidx * kC * Dk;
+    St* Kd = static_cast<St*>(a.Kd) + pidx * kC * Dk;
     for (int e = tid; e < kC * Dk; e += kThreads) {
       const int r = e / Dk, i = e - r * Dk;
       const float G = PerKey ? sG[r * Dk + i] : sG[r];
       const float Gn = PerKey ? sG[(kC - 1) * Dk + i] : sG[kC - 1];
       const float eg = expf(G);
       const float kv = sK[r * ld + i];
-      Qs[e] = a.scale * eg * sQ[r * ld + i];
-      Kd[e] = expf(Gn - G) * kv;
+      Qs[e] = to_scratch<St>(a.scale * eg * sQ[r * ld + i]);
+      Kd[e] = to_scratch<St>(expf(Gn - G) * kv);
       sK[r * ld + i] = sBeta[r] * eg * kv;
     }
     if constexpr (PerKey) {
@@ -290,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   __syncthreads();
   // W = Tinv (beta e^G .* K), then U = Tinv (beta .* V): tiles of 16 x 32 over the 8 warps.
   {
-    float* Wg = a.W + pidx * kC * Dk;
+    St* Wg = static_cast<St*>(a.W) + pidx * kC * Dk;
     const int tiles = 4 * (Dk / 32);
     for (int t = warp; t < tiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), c0 = 32 * (t >> 2);
@@ -301,9 +307,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int col = c0 + 8 * nt + 2 * lc;
-        *reinterpret_cast<float2*>(Wg + (r0 + lg) * Dk + col) = make_float2(acc[nt][0], acc[nt][1]);
-        *reinterpret_cast<float2*>(Wg + (r0 + lg + 8) * Dk + col) =
-            make_float2(acc[nt][2], acc[nt][3]);
+        store_pair(Wg + (r0 + lg) * Dk + col, acc[nt][0], acc[nt][1]);
+        store_pair(Wg + (r0 + lg + 8) * Dk + col, acc[nt][2], acc[nt][3]);
       }
     }
   }
@@ -328,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   __syncthreads();
   {
-    float* Ug = a.U + pidx * kC * Dv;
+    St* Ug = static_cast<St*>(a.U) + pidx * kC * Dv;
     const int tiles = 4 * (Dv / 32);
     for (int t = warp; t < tiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), c0 = 32 * (t >> 2);
@@ -339,18 +344,31 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int col = c0 + 8 * nt + 2 * lc;
-        *reinterpret_cast<float2*>(Ug + (r0 + lg) * Dv + col) = make_float2(acc[nt][0], acc[nt][1]);
-        *reinterpret_cast<float2*>(Ug + (r0 + lg + 8) * Dv + col) =
-            make_float2(acc[nt][2], acc[nt][3]);
+        store_pair(Ug + (r0 + lg) * Dv + col, acc[nt][0], acc[nt][1]);
+        store_pair(Ug + (r0 + lg + 8) * Dv + col, acc[nt][2], acc[nt][3]);
       }
     }
   }
 }
 
-// Shared memory of state_pass_kernel, in floats: sS [Dk][BV + 8], nbuf W buffers and nbuf Kd
-// buffers [C][Dk + 4], two U buffers [C][BV + 8], gn [Dk].
-inline std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
-  return sizeof(float) * (Dk * (BV + 8) + 2 * nbuf * kC * (Dk + 4) + 2 * kC * (BV + 8) + Dk);
+// Row padding of St rows in shared memory (16 bytes: rows stay 16-byte aligned for cp.async and
+// the bf16 A-operand pair reads are conflict-free), and the row stride of fp32 [*, BV] tiles read
+// as B operands: BV + 8 for the tf32 fragments (k = c, c + 4), BV + 4 for the bf16 ones (k = 2c,
+// 2c + 1, 2c + 8, 2c + 9).
+template <class St>
+inline constexpr int kPad = 16 / static_cast<int>(sizeof(St));
+template <class St>
+constexpr int fp32_ld(int BV) {
+  return kX3<St> ? BV + 8 : BV + 4;
+}
+
+// Shared memory of state_pass_kernel, in bytes: fp32 sS [Dk][ldS], sV [C][ldS], gn [Dk]; St
+// nbuf W buffers and nbuf Kd buffers [C][Dk + pad], two U buffers [C][BV + pad].
+template <class St>
+std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
+  const int ldS = fp32_ld<St>(BV), p = kPad<St>;
+  return sizeof(float) * (Dk * ldS + kC * ldS + Dk) +
+         sizeof(St) * (2 * nbuf * kC * (Dk + p) + 2 * kC * (BV + p));
 }
 
 // Copies (cp.async) are in flight while the previous stage computes. Two W / Kd buffers (nbuf =
@@ -358,36 +376,43 @@ inline std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
 // (nbuf = 1): group A(c + 1) = W, U of chunk c + 1 issued once W S of chunk c is done, group
 // B(c + 1) = Kd of chunk c + 1 once the state update of chunk c is done; at the top of chunk c
 // the pending groups are A(c), B(c).
-template <int BV, bool X3>
+// Products: fp32 scratch: 3xTF32. bf16 scratch: W S and Kd^T Vnew with W, Kd exact bf16 data and
+// S, Vnew (fp32, in shared memory) split into bf16 hi + lo (two m16n8k16 products, ~2^-17
+// relative, mma_bf16.cuh), so the state update adds no rounding beyond the stored W, U, Kd; Vnew
+// is rounded to bf16 only in the copy written for the output kernel.
+template <int BV, class St>
 __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int nbuf) {
+  constexpr bool X3 = kX3<St>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
-  constexpr int ldS = BV + 8, ldU = BV + 8;
-  const int ldX = Dk + 4;
+  constexpr int ldS = fp32_ld<St>(BV), ldU = BV + kPad<St>;
+  const int ldX = Dk + kPad<St>;
   const bool two = nbuf == 2;
   float* sS = smem;
-  float* sW = sS + Dk * ldS;
-  float* sKd = sW + nbuf * kC * ldX;
-  float* sU = sKd + nbuf * kC * ldX;
-  float* sgn = sU + 2 * kC * ldU;
+  float* sV = sS + Dk * ldS;
+  float* sgn = sV + kC * ldS;
+  St* sW = reinterpret_cast<St*>(sgn + Dk);
+  St* sKd = sW + nbuf * kC * ldX;
+  St* sU = sKd + nbuf * kC * ldX;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t n = blockIdx.x;
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
   const SeqInfo seq = seq_info(a, n);
+  const St* gW = static_cast<const St*>(a.W);
+  St* gU = static_cast<St*>(a.U);
+  const St* gKd = static_cast<const St*>(a.Kd);
   auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
   auto wbuf = [&](std::int64_t c) { return sW + (two ? int(c & 1) : 0) * kC * ldX; };
   auto kbuf = [&](std::int64_t c) { return sKd + (two ? int(c & 1) : 0) * kC * ldX; };
   auto ubuf = [&](std::int64_t c) { return sU + int(c & 1) * kC * ldU; };
   auto issue_WU = [&](std::int64_t c) {
-    copy_rows(wbuf(c), ldX, a.W + item(c) * kC * Dk, Dk, kC, Dk);
-    copy_rows(ubuf(c), ldU, a.U + item(c) * kC * Dv + col0, Dv, kC, BV);
+    copy_rows(wbuf(c), ldX, gW + item(c) * kC * Dk, Dk, kC, Dk);
+    copy_rows(ubuf(c), ldU, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
   };
-  auto issue_K = [&](std::int64_t c) {
-    copy_rows(kbuf(c), ldX, a.Kd + item(c) * kC * Dk, Dk, kC, Dk);
-  };
+  auto issue_K = [&](std::int64_t c) { copy_rows(kbuf(c), ldX, gKd + item(c) * kC * Dk, Dk, kC, Dk); };
   // gn of chunk c: thread tid < Dk holds gn[tid] (per-key gate), every thread the scalar.
   auto load_gn = [&](std::int64_t c) {
     if (a.per_key) return tid < Dk ? a.gn[item(c) * Dk + tid] : 0.f;
@@ -418,9 +443,9 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
     const std::int64_t pidx = item(c);
     const bool more = c + 1 < seq.chunks;
     const float g_cur = g_next;
-    const float* cW = wbuf(c);
-    const float* cK = kbuf(c);
-    float* cU = ubuf(c);
+    const St* cW = wbuf(c);
+    const St* cK = kbuf(c);
+    const St* cU = ubuf(c);
     if (two) {
       cp_async_wait<0>();
       __syncthreads();
@@ -442,20 +467,30 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
         rec[std::int64_t(i) * Dv + col0 + j] = sS[i * ldS + j];
       }
     }
-    // Vnew = U - W S: tiles 16 x 16 of [C, BV].
+    // Vnew = U - W S: tiles 16 x 16 of [C, BV] -> sV (fp32) and U's place in scratch (St, read
+    // by the output kernel).
     constexpr int vtiles = 4 * (BV / 16);
+    St* Ug = gU + pidx * kC * Dv + col0;
     for (int t = warp; t < vtiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
       float acc[2][4] = {};
-      mma_tile<2, X3>(
-          acc, Dk, [&](int i, int k) { return cW[(r0 + i) * ldX + k]; },
-          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      if constexpr (X3)
+        mma_tile<2, true>(
+            acc, Dk, [&](int i, int k) { return cW[(r0 + i) * ldX + k]; },
+            [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      else
+        mma_tile_bf16<2, true>(
+            acc, Dk, [&](int i, int k) { return load_pair(cW + (r0 + i) * ldX + k); },
+            [&](int k, int j) { return sS[k * ldS + j0 + j]; });
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
-          cU[r * ldU + j] -= acc[nt][e];
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
+          const float v0 = from_scratch(cU[r * ldU + j]) - acc[nt][2 * hf];
+          const float v1 = from_scratch(cU[r * ldU + j + 1]) - acc[nt][2 * hf + 1];
+          *reinterpret_cast<float2*>(sV + r * ldS + j) = make_float2(v0, v1);
+          store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
         }
     }
     __syncthreads();
@@ -465,16 +500,6 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
         g_next = load_gn(c + 1);
       }
       detail::cp_async_commit();  // A(c + 1)
-    }
-    // Vnew -> U's place in scratch (read by the output kernel); gn of chunk c -> sgn.
-    {
-      float* Ug = a.U + pidx * kC * Dv + col0;
-      constexpr int w4 = BV / 4;
-      for (int e = tid; e < kC * w4; e += kThreads) {
-        const int r = e / w4, i = e - r * w4;
-        *reinterpret_cast<float4*>(Ug + std::int64_t(r) * Dv + 4 * i) =
-            *reinterpret_cast<const float4*>(cU + r * ldU + 4 * i);
-      }
     }
     if (tid < Dk) sgn[tid] = g_cur;
     if (!two) cp_async_wait<1>();  // B(c)
@@ -491,9 +516,14 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
           const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
           acc[nt][e] = sgn[i] * sS[i * ldS + j];
         }
-      mma_tile<2, X3>(
-          acc, kC, [&](int i, int k) { return cK[k * ldX + i0 + i]; },
-          [&](int k, int j) { return cU[k * ldU + j0 + j]; });
+      if constexpr (X3)
+        mma_tile<2, true>(
+            acc, kC, [&](int i, int k) { return cK[k * ldX + i0 + i]; },
+            [&](int k, int j) { return sV[k * ldS + j0 + j]; });
+      else
+        mma_tile_bf16<2, true>(
+            acc, kC, [&](int i, int k) { return load_col_pair(cK + k * ldX + i0 + i, ldX); },
+            [&](int k, int j) { return sV[k * ldS + j0 + j]; });
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -523,25 +553,29 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   }
 }
 
-// Shared memory of chunk_output_kernel, in floats: sQ [C][Dk + 4], sP [C][68], sS [Dk][BV + 8],
-// sV [C][BV + 8].
-inline std::size_t output_smem_bytes(int Dk, int BV) {
-  return sizeof(float) * (kC * (Dk + 4) + kC * 68 + Dk * (BV + 8) + kC * (BV + 8));
+// Shared memory of chunk_output_kernel, in bytes: fp32 sS [Dk][ldS]; St sQ [C][Dk + pad], sP
+// [C][C + pad], sV [C][BV + pad].
+template <class St>
+std::size_t output_smem_bytes(int Dk, int BV) {
+  const int p = kPad<St>;
+  return sizeof(float) * Dk * fp32_ld<St>(BV) +
+         sizeof(St) * (kC * (Dk + p) + kC * (kC + p) + kC * (BV + p));
 }
 
 // O = Qs S + P Vnew for one chunk slot, value head and BV value columns (S: the state entering
-// the chunk, from the chunk-state rows); rows < n written to o.
-template <int BV, bool X3>
+// the chunk, from the chunk-state rows); rows < n written to o. bf16 scratch: Qs S with S split
+// into bf16 hi + lo (two products), P Vnew on bf16 data (one product).
+template <int BV, class St>
 __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
+  constexpr bool X3 = kX3<St>;
   extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
-  constexpr int ldP = 68, ldS = BV + 8, ldV = BV + 8;
-  const int ldX = Dk + 4;
-  float* sQ = smem;
-  float* sP = sQ + kC * ldX;
-  float* sS = sP + kC * ldP;
-  float* sV = sS + Dk * ldS;
+  constexpr int ldS = fp32_ld<St>(BV), ldP = kC + kPad<St>, ldV = BV + kPad<St>;
+  const int ldX = Dk + kPad<St>;
+  float* sS = reinterpret_cast<float*>(smem4);
+  St* sQ = reinterpret_cast<St*>(sS + Dk * ldS);
+  St* sP = sQ + kC * ldX;
+  St* sV = sP + kC * ldP;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t slot = blockIdx.x;
@@ -556,9 +590,9 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
   if (len == 0) return;
   const std::int64_t pidx = slot * a.Hv + h;
-  copy_rows(sQ, ldX, a.Qs + pidx * kC * Dk, Dk, kC, Dk);
-  copy_rows(sP, ldP, a.P + pidx * kC * kC, kC, kC, kC);
-  copy_rows(sV, ldV, a.U + pidx * kC * Dv + col0, Dv, kC, BV);
+  copy_rows(sQ, ldX, static_cast<const St*>(a.Qs) + pidx * kC * Dk, Dk, kC, Dk);
+  copy_rows(sP, ldP, static_cast<const St*>(a.P) + pidx * kC * kC, kC, kC, kC);
+  copy_rows(sV, ldV, static_cast<const St*>(a.U) + pidx * kC * Dv + col0, Dv, kC, BV);
   copy_rows(sS, ldS, a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV, a.states_vec);
   detail::cp_async_commit();
   cp_async_wait<0>();
@@ -567,12 +601,21 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   for (int t = warp; t < vtiles; t += kThreads / 32) {
     const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
     float acc[2][4] = {};
-    mma_tile<2, X3>(
-        acc, Dk, [&](int i, int k) { return sQ[(r0 + i) * ldX + k]; },
-        [&](int k, int j) { return sS[k * ldS + j0 + j]; });
-    mma_tile<2, X3>(
-        acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
-        [&](int k, int j) { return sV[k * ldV + j0 + j]; });
+    if constexpr (X3) {
+      mma_tile<2, true>(
+          acc, Dk, [&](int i, int k) { return sQ[(r0 + i) * ldX + k]; },
+          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      mma_tile<2, true>(
+          acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
+          [&](int k, int j) { return sV[k * ldV + j0 + j]; });
+    } else {
+      mma_tile_bf16<2, true>(
+          acc, Dk, [&](int i, int k) { return load_pair(sQ + (r0 + i) * ldX + k); },
+          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      mma_tile_bf16<2, false>(
+          acc, kC, [&](int i, int k) { return load_pair(sP + (r0 + i) * ldP + k); },
+          [&](int k, int j) { return load_col_pair(sV + k * ldV + j0 + j, ldV); });
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
