@@ -56,6 +56,10 @@ struct ChunkArgs {
   // state pass, read by the output kernel. states_vec: 16-byte aligned rows (16-byte copies).
   float* saved;
   std::int64_t saved_s0, saved_s1;
+  // 16-bit inputs without ForwardParams::saved: the chunk states in bf16 scratch instead (same
+  // layout and strides as `saved`, which is then null), read only by the output kernel's
+  // inter-chunk term (the state the pass carries stays fp32).
+  __nv_bfloat16* states16;
   bool states_vec;
   std::int64_t B, T, N;
   std::int64_t slots;  // chunk slots (grid of the chunk kernel)

@@ -2,9 +2,10 @@
 // design in docs/cuda-chunked.md): gdr::cuda::chunked_forward. No host synchronisation and no
 // device-to-host copy: the scratch comes from cudaMallocAsync on the call's stream and cu_seqlens
 // is read on the device only (chunk_table_kernel), so a call can be captured in a CUDA graph.
-//   scratch per chunk slot and value head: (3 Dk + Dv + C) C elements of the scratch type (fp32
-//   for fp32 inputs, bf16 for f16 / bf16 inputs) and (Dk or 1) floats, plus Dk Dv floats of chunk
-//   state unless ForwardParams::saved holds them, plus N + 1 int64 chunk offsets under varlen.
+//   scratch per chunk slot and value head: (3 Dk + Dv + C) C elements of the scratch type St
+//   (fp32 for fp32 inputs, bf16 for f16 / bf16 inputs), (Dk or 1) fp32 gn, plus Dk Dv elements
+//   of St of chunk state unless ForwardParams::saved holds them (fp32), plus N + 1 int64 chunk
+//   offsets under varlen. At Dk = Dv = 128, bf16: 1.2 KB + 0.5 KB per token and value head.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -46,10 +47,10 @@ void launch_state(const ChunkArgs& a, int nbuf, int device, cudaStream_t stream,
 
 constexpr int kOutBV = 64;  // value columns per block of the output kernel
 
-template <class St>
+template <class St, bool S16>
 void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::chunk_output_kernel<kOutBV, St>;
-  const std::size_t smem = chunked::output_smem_bytes<St>(a.Dk, kOutBV);
+  const auto kernel = chunked::chunk_output_kernel<kOutBV, St, S16>;
+  const std::size_t smem = chunked::output_smem_bytes<St, S16>(a.Dk, kOutBV);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / kOutBV)),
@@ -81,7 +82,13 @@ void run_kernels(const ChunkArgs& a, const Problem& prob, int sms, int smem_opti
     launch_state<16, St>(a, nbuf, dev, stream, op);
   else
     launch_state<32, St>(a, nbuf, dev, stream, op);
-  if (a.slots > 0) launch_output<St>(a, dev, stream, op);
+  if (a.slots > 0) {
+    if constexpr (chunked::kX3<St>)
+      launch_output<St, false>(a, dev, stream, op);
+    else
+      a.states16 ? launch_output<St, true>(a, dev, stream, op)
+                 : launch_output<St, false>(a, dev, stream, op);
+  }
 }
 
 }  // namespace
@@ -155,9 +162,9 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   const std::int64_t esize = x3 ? 4 : 2;
   const std::int64_t items = a.slots * prob.Hv;
   const bool own_states = !p.saved.defined();
-  const std::int64_t st_elems = items * kC * (3 * prob.Dk + prob.Dv + kC);
-  const std::int64_t floats =
-      items * ((a.per_key ? prob.Dk : 1) + (own_states ? prob.Dk * prob.Dv : 0));
+  const std::int64_t st_elems =
+      items * (kC * (3 * prob.Dk + prob.Dv + kC) + (own_states ? prob.Dk * prob.Dv : 0));
+  const std::int64_t floats = items * (a.per_key ? prob.Dk : 1);
   const std::int64_t bytes =
       st_elems * esize + floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
   void* scratch = nullptr;
@@ -174,7 +181,12 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   a.Kd = take(items * kC * prob.Dk, esize);
   a.P = take(items * kC * kC, esize);
   if (own_states) {  // 16-byte aligned: every region before it is a multiple of 16 bytes
-    a.saved = static_cast<float*>(take(items * prob.Dk * prob.Dv, 4));
+    // Only the output kernel reads them: bf16 for 16-bit inputs (states16), else fp32.
+    void* rows = take(items * prob.Dk * prob.Dv, x3 ? 4 : 2);
+    if (x3)
+      a.saved = static_cast<float*>(rows);
+    else
+      a.states16 = static_cast<__nv_bfloat16*>(rows);
     a.saved_s0 = prob.Hv * prob.Dk * prob.Dv, a.saved_s1 = prob.Dk * prob.Dv;
   } else {
     a.saved = static_cast<float*>(p.saved.data);

@@ -100,8 +100,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   // (sequence, chunk) of this slot; surplus slots (varlen) zero their chunk-state rows.
   std::int64_t n = 0;
   if (!slot_sequence(a, slot, n)) {
-    float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
-    for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
+    if (a.saved) {
+      float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
+      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
+    }
     return;
   }
   const SeqInfo seq = seq_info(a, n);
@@ -459,8 +461,14 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
       cp_async_wait<1>();  // A(c)
       __syncthreads();
     }
-    // The state entering chunk c -> its row (slot, h).
-    {
+    // The state entering chunk c -> its row (slot, h): fp32, or bf16 pairs (states16).
+    if (a.states16) {
+      __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1;
+      for (int e = tid; e < Dk * BV / 2; e += kThreads) {
+        const int i = e / (BV / 2), j = 2 * (e - i * (BV / 2));
+        store_pair(rec + std::int64_t(i) * Dv + col0 + j, sS[i * ldS + j], sS[i * ldS + j + 1]);
+      }
+    } else {
       float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
       for (int e = tid; e < Dk * BV; e += kThreads) {
         const int i = e / BV, j = e - i * BV;
@@ -553,27 +561,32 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   }
 }
 
-// Shared memory of chunk_output_kernel, in bytes: fp32 sS [Dk][ldS]; St sQ [C][Dk + pad], sP
-// [C][C + pad], sV [C][BV + pad].
-template <class St>
+// Shared memory of chunk_output_kernel, in bytes: sS [Dk][ldS] (fp32, or bf16 [Dk][BV + 8] with
+// S16); St sQ [C][Dk + pad], sP [C][C + pad], sV [C][BV + pad].
+template <class St, bool S16>
 std::size_t output_smem_bytes(int Dk, int BV) {
   const int p = kPad<St>;
-  return sizeof(float) * Dk * fp32_ld<St>(BV) +
+  return (S16 ? 2 * Dk * (BV + 8) : sizeof(float) * Dk * fp32_ld<St>(BV)) +
          sizeof(St) * (kC * (Dk + p) + kC * (kC + p) + kC * (BV + p));
 }
 
 // O = Qs S + P Vnew for one chunk slot, value head and BV value columns (S: the state entering
 // the chunk, from the chunk-state rows); rows < n written to o. bf16 scratch: Qs S with S split
-// into bf16 hi + lo (two products), P Vnew on bf16 data (one product).
-template <int BV, class St>
+// into bf16 hi + lo (two products), or on the bf16 chunk states (S16: one product; S rounded to
+// bf16, 2^-9 relative, enters only this chunk's inter-chunk term, nothing accumulates it), P Vnew
+// on bf16 data (one product).
+template <int BV, class St, bool S16>
 __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   constexpr bool X3 = kX3<St>;
+  static_assert(!(X3 && S16), "bf16 chunk states only with bf16 scratch");
   extern __shared__ float4 smem4[];
   const int Dk = a.Dk, Dv = a.Dv;
-  constexpr int ldS = fp32_ld<St>(BV), ldP = kC + kPad<St>, ldV = BV + kPad<St>;
+  constexpr int ldS = S16 ? BV + 8 : fp32_ld<St>(BV), ldP = kC + kPad<St>, ldV = BV + kPad<St>;
   const int ldX = Dk + kPad<St>;
   float* sS = reinterpret_cast<float*>(smem4);
-  St* sQ = reinterpret_cast<St*>(sS + Dk * ldS);
+  __nv_bfloat16* sS16 = reinterpret_cast<__nv_bfloat16*>(smem4);
+  St* sQ = reinterpret_cast<St*>(S16 ? static_cast<void*>(sS16 + Dk * ldS)
+                                     : static_cast<void*>(sS + Dk * ldS));
   St* sP = sQ + kC * ldX;
   St* sV = sP + kC * ldP;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -593,7 +606,11 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   copy_rows(sQ, ldX, static_cast<const St*>(a.Qs) + pidx * kC * Dk, Dk, kC, Dk);
   copy_rows(sP, ldP, static_cast<const St*>(a.P) + pidx * kC * kC, kC, kC, kC);
   copy_rows(sV, ldV, static_cast<const St*>(a.U) + pidx * kC * Dv + col0, Dv, kC, BV);
-  copy_rows(sS, ldS, a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV, a.states_vec);
+  if constexpr (S16)
+    copy_rows(sS16, ldS, a.states16 + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV);
+  else
+    copy_rows(sS, ldS, a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV,
+              a.states_vec);
   detail::cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -609,9 +626,14 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
           acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
           [&](int k, int j) { return sV[k * ldV + j0 + j]; });
     } else {
-      mma_tile_bf16<2, true>(
-          acc, Dk, [&](int i, int k) { return load_pair(sQ + (r0 + i) * ldX + k); },
-          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      if constexpr (S16)
+        mma_tile_bf16<2, false>(
+            acc, Dk, [&](int i, int k) { return load_pair(sQ + (r0 + i) * ldX + k); },
+            [&](int k, int j) { return load_col_pair(sS16 + k * ldS + j0 + j, ldS); });
+      else
+        mma_tile_bf16<2, true>(
+            acc, Dk, [&](int i, int k) { return load_pair(sQ + (r0 + i) * ldX + k); },
+            [&](int k, int j) { return sS[k * ldS + j0 + j]; });
       mma_tile_bf16<2, false>(
           acc, kC, [&](int i, int k) { return load_pair(sP + (r0 + i) * ldP + k); },
           [&](int k, int j) { return load_col_pair(sV + k * ldV + j0 + j, ldV); });
