@@ -79,6 +79,13 @@ struct ChunkArgs {
   void* Kd;
   void* P;
   float* gn;
+  // Row factors (row_factors: scalar gate, bf16 inputs without a mask, q and k rows 16-byte
+  // aligned): Qs and Kd are not stored; the kernels that need them read q, k (bf16) and use
+  // Qs = diag(fq) q, Kd = diag(fk) k with fq_r = scale e^{G_r} / |q_r|, fk_r = e^{G_n - G_r} / |k_r|
+  // (norms only with qk_l2norm; both 0 on rows past the chunk), fp32 [C] each per (slot, head).
+  bool row_factors;
+  float* fq;
+  float* fk;
 };
 
 // DType codes (include/gdr/types.h): f32 0, f16 1, bf16 2.
@@ -168,6 +175,12 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src is not read then).
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(detail::smem_addr(dst)),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(detail::smem_addr(dst)), "l"(src)
                : "memory");
@@ -194,6 +207,22 @@ __device__ __forceinline__ void copy_rows(E* dst, int ld, const E* src, std::int
   for (int e = threadIdx.x; e < rows * wv; e += blockDim.x) {
     const int r = e / wv, i = e - r * wv;
     detail::cp_async16(dst + r * ld + per * i, src + r * src_ld + per * i);
+  }
+}
+
+// cp.async copies of C rows of a 16-bit token input (q or k of key head hk: Dk elements per row,
+// rows t0 .. t0 + len - 1 of batch row b) into shared rows of stride ld; rows >= len are zeros.
+// Needs 16-byte aligned rows (ChunkArgs::row_factors).
+__device__ __forceinline__ void copy_token_rows(__nv_bfloat16* dst, int ld, const void* src,
+                                                std::int64_t sb, std::int64_t st, std::int64_t sh,
+                                                std::int64_t b, std::int64_t t0, int hk, int len,
+                                                int Dk) {
+  const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(src) + b * sb + hk * sh;
+  const int wv = Dk / 8;
+  for (int e = threadIdx.x; e < kC * wv; e += blockDim.x) {
+    const int r = e / wv, i = e - r * wv;
+    const bool valid = r < len;
+    cp_async16_zfill(dst + r * ld + 8 * i, valid ? base + (t0 + r) * st + 8 * i : base, valid);
   }
 }
 

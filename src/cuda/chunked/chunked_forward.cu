@@ -3,9 +3,10 @@
 // device-to-host copy: the scratch comes from cudaMallocAsync on the call's stream and cu_seqlens
 // is read on the device only (chunk_table_kernel), so a call can be captured in a CUDA graph.
 //   scratch per chunk slot and value head: (3 Dk + Dv + C) C elements of the scratch type St
-//   (fp32 for fp32 inputs, bf16 for f16 / bf16 inputs), (Dk or 1) fp32 gn, plus Dk Dv elements
-//   of St of chunk state unless ForwardParams::saved holds them (fp32), plus N + 1 int64 chunk
-//   offsets under varlen. At Dk = Dv = 128, bf16: 1.2 KB + 0.5 KB per token and value head.
+//   (fp32 for fp32 inputs, bf16 for f16 / bf16 inputs; (Dk + Dv + C) C with row factors, which
+//   add 2 C floats), (Dk or 1) fp32 gn, plus Dk Dv elements of St of chunk state unless
+//   ForwardParams::saved holds them (fp32), plus N + 1 int64 chunk offsets under varlen. At
+//   Dk = Dv = 128, bf16, row factors: 0.64 KB + 0.5 KB per token and value head.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -162,9 +163,19 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   const std::int64_t esize = x3 ? 4 : 2;
   const std::int64_t items = a.slots * prob.Hv;
   const bool own_states = !p.saved.defined();
+  // Row factors instead of Qs and Kd: scalar gate, bf16 inputs, no mask (rows past a chunk are
+  // the only zero rows), q and k rows 16-byte aligned for cp.async.
+  auto rows16 = [](const TensorView& t) {
+    return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 8 == 0 &&
+           t.stride[1] % 8 == 0 && t.stride[2] % 8 == 0;
+  };
+  a.row_factors = !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() &&
+                  rows16(in.q) && rows16(in.k);
   const std::int64_t st_elems =
-      items * (kC * (3 * prob.Dk + prob.Dv + kC) + (own_states ? prob.Dk * prob.Dv : 0));
-  const std::int64_t floats = items * (a.per_key ? prob.Dk : 1);
+      items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
+               (own_states ? prob.Dk * prob.Dv : 0));
+  const std::int64_t floats =
+      items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));
   const std::int64_t bytes =
       st_elems * esize + floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
   void* scratch = nullptr;
@@ -177,8 +188,10 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   };
   a.W = take(items * kC * prob.Dk, esize);
   a.U = take(items * kC * prob.Dv, esize);
-  a.Qs = take(items * kC * prob.Dk, esize);
-  a.Kd = take(items * kC * prob.Dk, esize);
+  if (!a.row_factors) {
+    a.Qs = take(items * kC * prob.Dk, esize);
+    a.Kd = take(items * kC * prob.Dk, esize);
+  }
   a.P = take(items * kC * kC, esize);
   if (own_states) {  // 16-byte aligned: every region before it is a multiple of 16 bytes
     // Only the output kernel reads them: bf16 for 16-bit inputs (states16), else fp32.
@@ -191,6 +204,10 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   } else {
     a.saved = static_cast<float*>(p.saved.data);
     a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
+  }
+  if (a.row_factors) {
+    a.fq = static_cast<float*>(take(items * kC, 4));
+    a.fk = static_cast<float*>(take(items * kC, 4));
   }
   a.gn = static_cast<float*>(take(items * (a.per_key ? prob.Dk : 1), 4));
   a.states_vec = reinterpret_cast<std::uintptr_t>(a.saved) % 16 == 0 && a.saved_s0 % 4 == 0 &&

@@ -10,7 +10,8 @@
 //   W    = Tinv (beta e^G .* K)                        [C, Dk] -> scratch
 //   U    = Tinv (beta .* V)                            [C, Dv] -> scratch
 //   P    = scale lower(Gam .* Q K^T)  (diagonal kept)  [C, C]  -> scratch
-//   Qs   = scale e^G .* Q,  Kd = e^{G_n - G} .* K      [C, Dk] -> scratch
+//   Qs   = scale e^G .* Q,  Kd = e^{G_n - G} .* K      [C, Dk] -> scratch, or with row factors
+//          (scalar gate, bf16, no mask) fq = scale e^G / |q|, fk = e^{G_n - G} / |k|  [C] each
 //   gn   = e^{G_n}                                      [1] or [Dk] -> scratch
 // Scalar gate: Gam[r, j] = e^{G_r - G_j}; the products K K^T, Q K^T on the tensor cores. Per-key
 // gate: sum_i X[r, i] K[j, i] e^{G_r[i] - G_j[i]} elementwise (exact; a warp per (r, j) pair).
@@ -21,10 +22,11 @@
 //   S -> chunk-state row (slot, h);  Vnew = U - W S -> U's place in scratch;
 //   S <- diag(gn) S + Kd^T Vnew
 // from h0 (or zeros) to final_state; the next chunk's W, U, Kd are copied (cp.async) while the
-// current one computes.
+// current one computes. With row factors Kd^T Vnew = k^T (diag(fk) Vnew) on the k rows (input).
 //
 // chunk_output_kernel, grid (chunk slots, Hv, Dv / 64), 256 threads, independent chunks:
-//   O = Qs S + P Vnew -> o (rows < n), S the chunk-state row (the state entering the chunk).
+//   O = Qs S + P Vnew -> o (rows < n), S the chunk-state row (the state entering the chunk);
+//   with row factors Qs S = diag(fq) (q S) on the q rows (input).
 // Scratch elements St: fp32 for fp32 inputs, bf16 for f16 / bf16 inputs (W, U / Vnew, Qs, Kd, P
 // rounded once to bf16 when written; gn, the state and the chunk states stay fp32). All products
 // on the tensor cores: fp32 inputs 3xTF32 (m16n8k8, three products per pair, ~fp32 accuracy);
@@ -72,10 +74,11 @@ __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
 }
 
 // Shared memory of chunk_prep_kernel, in floats: sK, sQ [C][ld] (ld = max(Dk, Dv) + 4), sG
-// [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C].
+// [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C], the inverse norms of q and k [C]
+// each (1 without qk_l2norm).
 inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key) {
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
-  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 2 * kC);
+  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 4 * kC);
 }
 
 template <bool PerKey, class St>
@@ -92,6 +95,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   float* sA = sG + (PerKey ? kC * Dk : kC);
   float* sBeta = sA + kC * ldA;
   float* sValid = sBeta + kC;
+  float* sNq = sValid + kC;
+  float* sNk = sNq + kC;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const std::int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
@@ -116,6 +121,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     bool valid = tid < len;
     if (valid && a.mask) valid = a.mask[seq.b * a.mask_sb + (t0 + tid) * a.mask_st] != 0;
     sValid[tid] = valid ? 1.f : 0.f;
+    sNq[tid] = sNk[tid] = 1.f;
     float beta = 0.f;
     if (valid) {
       beta = load_as_float(a.beta, seq.b * a.beta_sb + (t0 + tid) * a.beta_st + h * a.beta_sh,
@@ -184,6 +190,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         sq += __shfl_xor_sync(0xffffffffu, sq, m);
       }
       const float ik = 1.f / sqrtf(sk + a.eps), iq = 1.f / sqrtf(sq + a.eps);
+      if (lane == 0) sNq[r] = iq, sNk[r] = ik;
       for (int i = lane; i < Dk; i += 32) {
         sK[r * ld + i] *= ik;
         sQ[r * ld + i] *= iq;
@@ -254,19 +261,27 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
   }
   __syncthreads();
-  // Qs, Kd, gn to scratch; sK <- beta e^G .* K (the right-hand side of W).
+  // Qs, Kd (or their row factors), gn to scratch; sK <- beta e^G .* K (the right-hand side of W).
   {
-    St* Qs = static_cast<St*>(a.Qs) + pidx * kC * Dk;
-    St* Kd = static_cast<St*>(a.Kd) + pidx * kC * Dk;
+    const bool rows = !PerKey && a.row_factors;  // Qs, Kd recomputed from q, k where used
+    St* Qs = rows ? nullptr : static_cast<St*>(a.Qs) + pidx * kC * Dk;
+    St* Kd = rows ? nullptr : static_cast<St*>(a.Kd) + pidx * kC * Dk;
     for (int e = tid; e < kC * Dk; e += kThreads) {
       const int r = e / Dk, i = e - r * Dk;
       const float G = PerKey ? sG[r * Dk + i] : sG[r];
       const float Gn = PerKey ? sG[(kC - 1) * Dk + i] : sG[kC - 1];
       const float eg = expf(G);
       const float kv = sK[r * ld + i];
-      Qs[e] = to_scratch<St>(a.scale * eg * sQ[r * ld + i]);
-      Kd[e] = to_scratch<St>(expf(Gn - G) * kv);
+      if (!rows) {
+        Qs[e] = to_scratch<St>(a.scale * eg * sQ[r * ld + i]);
+        Kd[e] = to_scratch<St>(expf(Gn - G) * kv);
+      }
       sK[r * ld + i] = sBeta[r] * eg * kv;
+    }
+    if (rows && tid < kC) {  // Qs = diag(fq) q, Kd = diag(fk) k; 0 on rows past the chunk
+      const bool valid = sValid[tid] != 0.f;
+      a.fq[pidx * kC + tid] = valid ? a.scale * expf(sG[tid]) * sNq[tid] : 0.f;
+      a.fk[pidx * kC + tid] = valid ? expf(sG[kC - 1] - sG[tid]) * sNk[tid] : 0.f;
     }
     if constexpr (PerKey) {
       for (int i = tid; i < Dk; i += kThreads) a.gn[pidx * Dk + i] = expf(sG[(kC - 1) * Dk + i]);
@@ -364,12 +379,12 @@ constexpr int fp32_ld(int BV) {
   return kX3<St> ? BV + 8 : BV + 4;
 }
 
-// Shared memory of state_pass_kernel, in bytes: fp32 sS [Dk][ldS], sV [C][ldS], gn [Dk]; St
-// nbuf W buffers and nbuf Kd buffers [C][Dk + pad], two U buffers [C][BV + pad].
+// Shared memory of state_pass_kernel, in bytes: fp32 sS [Dk][ldS], sV [C][ldS], gn [Dk], two fk
+// buffers [C]; St nbuf W buffers and nbuf Kd buffers [C][Dk + pad], two U buffers [C][BV + pad].
 template <class St>
 std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
   const int ldS = fp32_ld<St>(BV), p = kPad<St>;
-  return sizeof(float) * (Dk * ldS + kC * ldS + Dk) +
+  return sizeof(float) * (Dk * ldS + kC * ldS + Dk + 2 * kC) +
          sizeof(St) * (2 * nbuf * kC * (Dk + p) + 2 * kC * (BV + p));
 }
 
@@ -381,7 +396,8 @@ std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
 // Products: fp32 scratch: 3xTF32. bf16 scratch: W S and Kd^T Vnew with W, Kd exact bf16 data and
 // S, Vnew (fp32, in shared memory) split into bf16 hi + lo (two m16n8k16 products, ~2^-17
 // relative, mma_bf16.cuh), so the state update adds no rounding beyond the stored W, U, Kd; Vnew
-// is rounded to bf16 only in the copy written for the output kernel.
+// is rounded to bf16 only in the copy written for the output kernel. With row factors the Kd
+// buffers hold k rows (bf16 input) and Kd^T Vnew = k^T (diag(fk) Vnew): fk scales sV's rows.
 template <int BV, class St>
 __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int nbuf) {
   constexpr bool X3 = kX3<St>;
@@ -394,7 +410,8 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   float* sS = smem;
   float* sV = sS + Dk * ldS;
   float* sgn = sV + kC * ldS;
-  St* sW = reinterpret_cast<St*>(sgn + Dk);
+  float* sfk = sgn + Dk;
+  St* sW = reinterpret_cast<St*>(sfk + 2 * kC);
   St* sKd = sW + nbuf * kC * ldX;
   St* sU = sKd + nbuf * kC * ldX;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -410,11 +427,23 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   auto wbuf = [&](std::int64_t c) { return sW + (two ? int(c & 1) : 0) * kC * ldX; };
   auto kbuf = [&](std::int64_t c) { return sKd + (two ? int(c & 1) : 0) * kC * ldX; };
   auto ubuf = [&](std::int64_t c) { return sU + int(c & 1) * kC * ldU; };
+  const int hk = h / a.group;
   auto issue_WU = [&](std::int64_t c) {
     copy_rows(wbuf(c), ldX, gW + item(c) * kC * Dk, Dk, kC, Dk);
     copy_rows(ubuf(c), ldU, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
+    if (a.row_factors) copy_rows(sfk + int(c & 1) * kC, kC, a.fk + item(c) * kC, kC, 1, kC);
   };
-  auto issue_K = [&](std::int64_t c) { copy_rows(kbuf(c), ldX, gKd + item(c) * kC * Dk, Dk, kC, Dk); };
+  auto issue_K = [&](std::int64_t c) {
+    if constexpr (!X3) {
+      if (a.row_factors) {
+        const std::int64_t rem = seq.len - c * kC;
+        copy_token_rows(kbuf(c), ldX, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC, hk,
+                        rem < kC ? static_cast<int>(rem) : kC, Dk);
+        return;
+      }
+    }
+    copy_rows(kbuf(c), ldX, gKd + item(c) * kC * Dk, Dk, kC, Dk);
+  };
   // gn of chunk c: thread tid < Dk holds gn[tid] (per-key gate), every thread the scalar.
   auto load_gn = [&](std::int64_t c) {
     if (a.per_key) return tid < Dk ? a.gn[item(c) * Dk + tid] : 0.f;
@@ -448,6 +477,7 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
     const St* cW = wbuf(c);
     const St* cK = kbuf(c);
     const St* cU = ubuf(c);
+    const float* cfk = sfk + int(c & 1) * kC;
     if (two) {
       cp_async_wait<0>();
       __syncthreads();
@@ -497,7 +527,8 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
           const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
           const float v0 = from_scratch(cU[r * ldU + j]) - acc[nt][2 * hf];
           const float v1 = from_scratch(cU[r * ldU + j + 1]) - acc[nt][2 * hf + 1];
-          *reinterpret_cast<float2*>(sV + r * ldS + j) = make_float2(v0, v1);
+          const float f = a.row_factors ? cfk[r] : 1.f;
+          *reinterpret_cast<float2*>(sV + r * ldS + j) = make_float2(f * v0, f * v1);
           store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
         }
     }
@@ -562,12 +593,12 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
 }
 
 // Shared memory of chunk_output_kernel, in bytes: sS [Dk][ldS] (fp32, or bf16 [Dk][BV + 8] with
-// S16); St sQ [C][Dk + pad], sP [C][C + pad], sV [C][BV + pad].
+// S16); St sQ [C][Dk + pad], sP [C][C + pad], sV [C][BV + pad]; fq [C] (fp32).
 template <class St, bool S16>
 std::size_t output_smem_bytes(int Dk, int BV) {
   const int p = kPad<St>;
   return (S16 ? 2 * Dk * (BV + 8) : sizeof(float) * Dk * fp32_ld<St>(BV)) +
-         sizeof(St) * (kC * (Dk + p) + kC * (kC + p) + kC * (BV + p));
+         sizeof(St) * (kC * (Dk + p) + kC * (kC + p) + kC * (BV + p)) + sizeof(float) * kC;
 }
 
 // O = Qs S + P Vnew for one chunk slot, value head and BV value columns (S: the state entering
@@ -589,6 +620,7 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
                                      : static_cast<void*>(sS + Dk * ldS));
   St* sP = sQ + kC * ldX;
   St* sV = sP + kC * ldP;
+  float* sfq = reinterpret_cast<float*>(sV + kC * ldV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t slot = blockIdx.x;
@@ -603,7 +635,15 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
   if (len == 0) return;
   const std::int64_t pidx = slot * a.Hv + h;
-  copy_rows(sQ, ldX, static_cast<const St*>(a.Qs) + pidx * kC * Dk, Dk, kC, Dk);
+  bool rows = false;  // row factors: sQ holds q rows, Qs = diag(fq) q
+  if constexpr (!X3) rows = a.row_factors;
+  if (rows) {
+    if constexpr (!X3)
+      copy_token_rows(sQ, ldX, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, h / a.group, len, Dk);
+    copy_rows(sfq, kC, a.fq + pidx * kC, kC, 1, kC);
+  } else {
+    copy_rows(sQ, ldX, static_cast<const St*>(a.Qs) + pidx * kC * Dk, Dk, kC, Dk);
+  }
   copy_rows(sP, ldP, static_cast<const St*>(a.P) + pidx * kC * kC, kC, kC, kC);
   copy_rows(sV, ldV, static_cast<const St*>(a.U) + pidx * kC * Dv + col0, Dv, kC, BV);
   if constexpr (S16)
@@ -634,6 +674,12 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
         mma_tile_bf16<2, true>(
             acc, Dk, [&](int i, int k) { return load_pair(sQ + (r0 + i) * ldX + k); },
             [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      if (rows) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] *= sfq[r0 + lg + 8 * (e >> 1)];
+      }
       mma_tile_bf16<2, false>(
           acc, kC, [&](int i, int k) { return load_pair(sP + (r0 + i) * ldP + k); },
           [&](int k, int j) { return load_col_pair(sV + k * ldV + j0 + j, ldV); });
