@@ -45,6 +45,8 @@ struct DecodeOverrides {
   int pdl = 0;                // programmatic dependent launches: 1 = off, 2 = on (the rule: on;
                               //   a launch whose counter pair is zeroed by a memset just before
                               //   it is launched plainly either way)
+  int chunked_segments = 0;   // the chunked forward (Path::chunkwise on cuda): chunks per segment
+                              //   of the state pass's exact segment split (> 0), or -1 = no split
 };
 
 }  // namespace gdr

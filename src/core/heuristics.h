@@ -61,4 +61,29 @@ inline Path cuda_forward_path(const Problem& prob) {
              : Path::sequential;
 }
 
+// CUDA chunked forward, exact segment splitting of the state pass (docs/cuda-chunked.md
+// §Segments): chunks per segment, or 0 for no split. The state pass is sequential over a
+// sequence's chunks and has N Hv Dv / 16 blocks at 16 value columns; a split runs the segments
+// of a sequence concurrently at the price of 3x the state-pass work (the maps [R | M] over Dv + Dk
+// columns, then each segment again from its true start), so it can only pay where the unsplit
+// pass leaves most of the chip idle. G = 2 sms / (Hv (Dv + Dk) / 16) segments in all keep the
+// map pass within ~2 blocks per SM; the split is taken when G >= 4 (the critical path, two
+// passes of 1 / G of the chunks, is then at most half the unsplit one), with at least
+// kCudaMinSegmentChunks chunks per segment (the per-block setup, a state load and store, is
+// amortised) and at least two segments' worth of chunks in the call. Under varlen the host does
+// not know the lengths (cu_seqlens stays on the device): segments have a fixed chunk count, so a
+// long sequence gets many and a short one one. Not measured yet (docs/cuda-chunked.md).
+inline constexpr std::int64_t kCudaMinSegmentChunks = 4;
+inline constexpr std::int64_t kCudaMinSegments = 4;
+
+inline std::int64_t cuda_chunked_segment_chunks(std::int64_t N, std::int64_t Hv, std::int64_t Dk,
+                                                std::int64_t Dv, std::int64_t chunks, int sms) {
+  if (N <= 0 || Hv <= 0 || chunks <= 0 || sms <= 0) return 0;
+  const std::int64_t G = (2 * static_cast<std::int64_t>(sms) * 16) / (Hv * (Dv + Dk));
+  if (G < kCudaMinSegments) return 0;
+  std::int64_t cs = (chunks + G - 1) / G;
+  if (cs < kCudaMinSegmentChunks) cs = kCudaMinSegmentChunks;
+  return chunks >= 2 * cs ? cs : 0;
+}
+
 }  // namespace gdr::heuristics

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gdr/decode_overrides.h"
 #include "gpu_support.h"
 #include "support_gtest.h"
 
@@ -42,8 +43,9 @@ struct DeviceRun {
 };
 
 // gdr::forward with Path::chunkwise on device copies of d's tensors (o, the final state and the
-// saved tensor poisoned first).
-DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullptr) {
+// saved tensor poisoned first). segments: DecodeOverrides::chunked_segments (0: the rule).
+DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullptr,
+                      int segments = 0) {
   d.o.poison();
   if (d.final_state.defined()) d.final_state.poison();
   HostTensor saved_host;
@@ -67,6 +69,9 @@ DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullpt
   ExecConfig cfg;
   cfg.path = Path::chunkwise;
   cfg.stream = stream;
+  DecodeOverrides overrides;
+  overrides.chunked_segments = segments;
+  cfg.decode_overrides = &overrides;
   forward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "chunked forward");
   DeviceMirror::to_host(p.o, host.o);
@@ -90,10 +95,12 @@ void note(const std::string& family, const ForwardResult& got, const ForwardResu
 
 // One case: the chunked forward against the float64 reference (and, with `saved`, its chunk
 // states against the CPU chunkwise path's).
-void check_chunked(const std::string& family, TestData d, bool with_saved = false) {
+void check_chunked(const std::string& family, TestData d, bool with_saved = false,
+                   int segments = 0) {
   const ForwardResult ref = reference_forward(d);
-  const std::string label = family + ": " + describe(d.c, d.seed);
-  const DeviceRun got = run_chunked(d, with_saved);
+  const std::string label =
+      family + ": " + describe(d.c, d.seed) + " segments " + std::to_string(segments);
+  const DeviceRun got = run_chunked(d, with_saved, nullptr, segments);
   note(family, got.r, ref);
   expect_forward_close(got.r, ref, forward_tolerance(d.c), label);
   if (with_saved) {
@@ -116,8 +123,9 @@ void check_chunked(const std::string& family, TestData d, bool with_saved = fals
   }
 }
 
-void check_chunked(const std::string& family, const Case& c, bool with_saved = false) {
-  check_chunked(family, make_problem(c), with_saved);
+void check_chunked(const std::string& family, const Case& c, bool with_saved = false,
+                   int segments = 0) {
+  check_chunked(family, make_problem(c), with_saved, segments);
 }
 
 Case base_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t Hv, std::int64_t D,
@@ -263,6 +271,39 @@ TEST(CudaChunkedForward, Bf16ScratchManyChunks) {
       c.qk_l2norm = dtype == DType::bf16;
       check_chunked("bf16 scratch", c, gate == GateKind::scalar);
     }
+}
+
+// Exact segment split of the state pass (src/core/heuristics.h cuda_chunked_segment_chunks;
+// forced here through DecodeOverrides::chunked_segments: -1 off, n > 0 chunks per segment): a
+// long single sequence, varlen with one long sequence among short, empty and 1-token ones, and
+// g = -30 (each step forgets the state, so the maps M are ~0), against the float64 reference,
+// with the saved chunk states (each segment's from its true start) against the CPU path's.
+TEST(CudaChunkedForward, SegmentSplit) {
+  REQUIRE_GPU();
+  for (int seg : {-1, 1, 3, 16})
+    for (DType dtype : {DType::bf16, DType::f32})
+      for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+        Case c = base_case(1, 64 * 40 + 5, 1, 2, 64, dtype);
+        c.gate = gate;
+        c.layout = seg == 3 ? StateLayout::v_first : StateLayout::k_first;
+        c.Dv = seg == 16 ? 128 : 64;
+        check_chunked("segments, one sequence", c, seg == 3, seg);
+      }
+  for (int seg : {2, 5})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      Case c = base_case(1, 0, 2, 4, 64, dtype);
+      c.seqlens = {3, 0, 64 * 30 + 7, 1, 65, 200, 0};
+      c.gate = seg == 5 ? GateKind::per_key : GateKind::scalar;
+      c.mask = seg == 5;
+      check_chunked("segments, varlen", c, seg == 2, seg);
+    }
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c = base_case(2, 64 * 12 + 30, 1, 2, 64);
+    c.gate = gate;
+    TestData d = make_problem(c);
+    d.g.fill(-30.0);
+    check_chunked("segments, g=-30", d, false, 2);
+  }
 }
 
 TEST(CudaChunkedForward, LongSequence) {

@@ -86,6 +86,18 @@ struct ChunkArgs {
   bool row_factors;
   float* fq;
   float* fk;
+  // Segment split of the state pass (seg_chunks > 0; docs/cuda-chunked.md §Segments): sequence n
+  // has nseg(n) = max(1, ceil(chunks(n) / seg_chunks)) segments of seg_chunks chunks (the last
+  // shorter) at segment slots s0(n) .. s0(n) + nseg(n) - 1, s0(n) = sum_{m<n} nseg(m) (varlen:
+  // seg_off [N + 1] built by chunk_table_kernel; else n nseg_fixed). seg_slots bounds the slots
+  // (the grids). segmap [seg_slots, Hv, Dk, Dv + Dk]: a segment's end state from a zero start
+  // (R, columns < Dv) and its transition from the identity (M, columns Dv ..): S_end = M S_start
+  // + R. segstart [seg_slots, Hv, Dk, Dv]: the true start state of each segment but the first.
+  int seg_chunks;
+  std::int64_t seg_slots, nseg_fixed;
+  std::int64_t* seg_off;
+  float* segmap;
+  float* segstart;
 };
 
 // DType codes (include/gdr/types.h): f32 0, f16 1, bf16 2.
@@ -167,6 +179,35 @@ __device__ __forceinline__ bool slot_sequence(const ChunkArgs& a, std::int64_t s
       hi = mid - 1;
   }
   n = lo;
+  return true;
+}
+
+// Segment slot x -> sequence n, its segment j, the segment count of n and its first slot
+// (false: a surplus slot of the bound seg_slots).
+__device__ __forceinline__ bool segment_of(const ChunkArgs& a, std::int64_t x, std::int64_t& n,
+                                           std::int64_t& j, std::int64_t& nseg,
+                                           std::int64_t& first) {
+  if (!a.varlen) {
+    nseg = a.nseg_fixed;
+    n = x / nseg;
+    if (n >= a.N) return false;
+    first = n * nseg;
+    j = x - first;
+    return true;
+  }
+  if (x >= a.seg_off[a.N]) return false;
+  std::int64_t lo = 0, hi = a.N;  // largest n with seg_off[n] <= x
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi + 1) / 2;
+    if (a.seg_off[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  n = lo;
+  first = a.seg_off[n];
+  nseg = a.seg_off[n + 1] - first;
+  j = x - first;
   return true;
 }
 

@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <string>
 
+#include "core/heuristics.h"
 #include "cuda/chunked/chunked_kernels.cuh"
 #include "cuda/common/launch.h"
+#include "gdr/decode_overrides.h"
 #include "cuda/paths.h"
 
 namespace gdr::cuda {
@@ -35,15 +37,30 @@ void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char
   check(cudaGetLastError(), op, "chunk_prep_kernel launch");
 }
 
+// mode 0: grid (N, Hv, Dv / BV); segment split: mode 1 (maps) grid (seg_slots, Hv, (Dv + Dk) /
+// BV), mode 2 (segments) grid (seg_slots, Hv, Dv / BV).
 template <int BV, class St>
-void launch_state(const ChunkArgs& a, int nbuf, int device, cudaStream_t stream, const char* op) {
+void launch_state(const ChunkArgs& a, int nbuf, int mode, int device, cudaStream_t stream,
+                  const char* op) {
   const auto kernel = chunked::state_pass_kernel<BV, St>;
   const std::size_t smem = chunked::state_smem_bytes<St>(a.Dk, BV, nbuf);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
-  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
-                static_cast<unsigned>(a.Dv / BV)),
-           kThreads, smem, stream>>>(a, nbuf);
+  const std::int64_t x = mode == 0 ? a.N : a.seg_slots;
+  const int cols = mode == 1 ? a.Dv + a.Dk : a.Dv;
+  kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(cols / BV)),
+           kThreads, smem, stream>>>(a, nbuf, mode);
   check(cudaGetLastError(), op, "state_pass_kernel launch");
+}
+
+void launch_combine(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::segment_combine_kernel;
+  const std::size_t smem = chunked::combine_smem_bytes(a.Dk);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(a.Dv / chunked::kCombineBV)),
+           kThreads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "segment_combine_kernel launch");
 }
 
 constexpr int kOutBV = 64;  // value columns per block of the output kernel
@@ -69,20 +86,32 @@ void run_kernels(const ChunkArgs& a, const Problem& prob, int sms, int smem_opti
     else
       launch_prep<false, St>(a, dev, stream, op);
   }
-  // State pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
-  // idle; two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit
-  // in one wave and the shared memory allows, else one.
-  const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
-  const int bv = 2 * blocks32 <= sms ? 16 : 32;
-  const std::int64_t blocks = blocks32 * (32 / bv);
-  const int nbuf = blocks <= sms && chunked::state_smem_bytes<St>(a.Dk, bv, 2) <=
-                                        static_cast<std::size_t>(smem_optin)
-                       ? 2
-                       : 1;
-  if (bv == 16)
-    launch_state<16, St>(a, nbuf, dev, stream, op);
-  else
-    launch_state<32, St>(a, nbuf, dev, stream, op);
+  // Two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit in one
+  // wave and the shared memory allows, else one.
+  auto buffers = [&](std::int64_t blocks, int bv) {
+    return blocks <= sms && chunked::state_smem_bytes<St>(a.Dk, bv, 2) <=
+                                static_cast<std::size_t>(smem_optin)
+               ? 2
+               : 1;
+  };
+  if (a.seg_chunks > 0) {
+    // Segment split (heuristics::cuda_chunked_segment_chunks: only where the unsplit pass would
+    // leave most SMs idle): maps, the sequential combine, the segments; 16 value columns.
+    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * (prob.Dv + prob.Dk) / 16, 16), 1,
+                         dev, stream, op);
+    launch_combine(a, dev, stream, op);
+    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * prob.Dv / 16, 16), 2, dev, stream,
+                         op);
+  } else {
+    // 32 value columns per block, 16 when 32 would leave more than half the SMs idle.
+    const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
+    const int bv = 2 * blocks32 <= sms ? 16 : 32;
+    const int nbuf = buffers(blocks32 * (32 / bv), bv);
+    if (bv == 16)
+      launch_state<16, St>(a, nbuf, 0, dev, stream, op);
+    else
+      launch_state<32, St>(a, nbuf, 0, dev, stream, op);
+  }
   if (a.slots > 0) {
     if constexpr (chunked::kX3<St>)
       launch_output<St, false>(a, dev, stream, op);
@@ -156,6 +185,30 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     a.slots = prob.B * a.nc;
   }
   if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
+  const int dev = prob.device_index;
+  const int sms = sm_count(dev, op);
+  int smem_optin = 0;
+  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op,
+        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+
+  // Segment split of the state pass: chunks per segment from the rule, or the override (tests).
+  {
+    const int forced = config.decode_overrides ? config.decode_overrides->chunked_segments : 0;
+    std::int64_t cs = heuristics::cuda_chunked_segment_chunks(prob.N, prob.Hv, prob.Dk, prob.Dv,
+                                                               a.slots, sms);
+    if (forced > 0) cs = forced;
+    if (forced < 0) cs = 0;
+    if (cs > 0 && a.slots > 0) {
+      a.seg_chunks = static_cast<int>(cs);
+      if (prob.varlen) {
+        a.seg_slots = prob.N + a.slots / cs;  // >= sum_n max(1, ceil(chunks(n) / cs))
+      } else {
+        a.nseg_fixed = a.nc > 0 ? (a.nc + cs - 1) / cs : 1;
+        a.seg_slots = prob.N * a.nseg_fixed;
+      }
+      if (a.seg_slots > INT_MAX) a.seg_chunks = 0, a.seg_slots = 0, a.nseg_fixed = 0;
+    }
+  }
 
   // Scratch: W, U, Qs, Kd, P (St), the chunk states unless `saved` holds them, gn (fp32),
   // chunk offsets. Every region is a multiple of 16 bytes (C = 64 rows of Dk, Dv, C elements).
@@ -176,8 +229,10 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
                (own_states ? prob.Dk * prob.Dv : 0));
   const std::int64_t floats =
       items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));
-  const std::int64_t bytes =
-      st_elems * esize + floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
+  const std::int64_t seg_floats =
+      a.seg_chunks > 0 ? a.seg_slots * prob.Hv * prob.Dk * (2 * prob.Dv + prob.Dk) : 0;
+  const std::int64_t bytes = st_elems * esize + (floats + seg_floats) * 4 +
+                             (prob.varlen ? 2 * (prob.N + 1) * 8 : 0) + 256;
   void* scratch = nullptr;
   check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
   char* b = static_cast<char*>(scratch);
@@ -209,17 +264,16 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     a.fq = static_cast<float*>(take(items * kC, 4));
     a.fk = static_cast<float*>(take(items * kC, 4));
   }
+  if (a.seg_chunks > 0) {
+    a.segmap = static_cast<float*>(take(a.seg_slots * prob.Hv * prob.Dk * (prob.Dv + prob.Dk), 4));
+    a.segstart = static_cast<float*>(take(a.seg_slots * prob.Hv * prob.Dk * prob.Dv, 4));
+  }
   a.gn = static_cast<float*>(take(items * (a.per_key ? prob.Dk : 1), 4));
   a.states_vec = reinterpret_cast<std::uintptr_t>(a.saved) % 16 == 0 && a.saved_s0 % 4 == 0 &&
                  a.saved_s1 % 4 == 0;
   a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(b) + 15) &
                                                 ~static_cast<std::uintptr_t>(15));
-
-  const int dev = prob.device_index;
-  const int sms = sm_count(dev, op);
-  int smem_optin = 0;
-  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op,
-        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  if (prob.varlen && a.seg_chunks > 0) a.seg_off = a.chunk_off + prob.N + 1;
   try {
     if (prob.varlen) {
       chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);

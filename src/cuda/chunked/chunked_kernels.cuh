@@ -1,6 +1,7 @@
 // Kernels of the chunked forward (docs/operator.md §3, C = 64; docs/cuda-chunked.md).
 //
-// chunk_table_kernel (varlen only, one block): chunk_off[n] = sum_{m<n} ceil(L_m / C).
+// chunk_table_kernel (varlen only, one block): chunk_off[n] = sum_{m<n} ceil(L_m / C) (and the
+// segment slots seg_off under a segment split).
 //
 // chunk_prep_kernel, grid (chunk slots, Hv), 256 threads: per chunk of n <= 64 tokens and value
 // head h (key head h / group), rows past n and masked rows zero (identity steps: g = beta = 0, q,
@@ -47,19 +48,24 @@ inline constexpr int kLoads = 8;  // global loads in flight per thread (prep ker
 __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
   using Scan = cub::BlockScan<std::int64_t, 1024>;
   __shared__ typename Scan::TempStorage temp;
-  __shared__ std::int64_t carry;
+  __shared__ std::int64_t carry, seg_carry;
   if (threadIdx.x == 0) {
-    carry = 0;
+    carry = seg_carry = 0;
     a.chunk_off[0] = 0;
+    if (a.seg_chunks > 0) a.seg_off[0] = 0;
   }
   __syncthreads();
   for (std::int64_t base = 0; base < a.N; base += 1024) {
     const std::int64_t n = base + threadIdx.x;
-    std::int64_t count = 0;
+    std::int64_t count = 0, segs = 0;
     if (n < a.N) {
       std::int64_t bos, eos;
       seq_bounds(a, n, bos, eos);
       count = (eos - bos + kC - 1) / kC;
+      if (a.seg_chunks > 0) {
+        segs = (count + a.seg_chunks - 1) / a.seg_chunks;
+        if (segs < 1) segs = 1;
+      }
     }
     std::int64_t incl, total;
     Scan(temp).InclusiveSum(count, incl, total);
@@ -69,6 +75,15 @@ __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
     }
     __syncthreads();
     if (threadIdx.x == 0) carry += total;
+    if (a.seg_chunks > 0) {  // segment slots (segment_of): max(1, ceil(chunks / seg_chunks)) each
+      Scan(temp).InclusiveSum(segs, incl, total);
+      if (n < a.N) {
+        const std::int64_t off = seg_carry + incl;
+        a.seg_off[n + 1] = off < a.seg_slots ? off : a.seg_slots;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) seg_carry += total;
+    }
     __syncthreads();
   }
 }
@@ -398,8 +413,15 @@ std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
 // relative, mma_bf16.cuh), so the state update adds no rounding beyond the stored W, U, Kd; Vnew
 // is rounded to bf16 only in the copy written for the output kernel. With row factors the Kd
 // buffers hold k rows (bf16 input) and Kd^T Vnew = k^T (diag(fk) Vnew): fk scales sV's rows.
+// mode 0: blockIdx.x = sequence, all its chunks from h0. Segment split (blockIdx.x = segment
+// slot, segment_of): mode 1, the segment's map: columns < Dv walk the segment from a zero start
+// (R), columns Dv .. Dv + Dk - 1 from the identity with U = 0 (M: the columns of a state evolve
+// independently, S -> (diag(gn) - Kd^T W) S + Kd^T U per chunk, so M's columns are the product of
+// the chunks' transitions), written to segmap; nothing else is written, and the last segment has
+// no map to compute. mode 2: the segment from its true start (h0 for the first, segstart else)
+// writes what mode 0 writes for its chunks, the final state from the last segment.
 template <int BV, class St>
-__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int nbuf) {
+__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int nbuf, int mode) {
   constexpr bool X3 = kX3<St>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -416,10 +438,24 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   St* sU = sKd + nbuf * kC * ldX;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
-  const std::int64_t n = blockIdx.x;
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
+  std::int64_t n = blockIdx.x, segj = 0, nseg = 1;
+  const std::int64_t xseg = blockIdx.x;
+  if (mode != 0) {
+    std::int64_t first;
+    if (!segment_of(a, xseg, n, segj, nseg, first)) return;
+    if (mode == 1 && segj == nseg - 1) return;
+  }
   const SeqInfo seq = seq_info(a, n);
+  std::int64_t cb = 0, ce = seq.chunks;  // this block's chunks
+  if (mode != 0) {
+    cb = segj * a.seg_chunks;
+    ce = cb + a.seg_chunks < seq.chunks ? cb + a.seg_chunks : seq.chunks;
+    if (cb > ce) cb = ce;
+  }
+  const bool mcols = mode == 1 && col0 >= Dv;  // M columns: U = 0, identity start
+  const bool writes = mode != 1;               // chunk states, Vnew, the final state
   const St* gW = static_cast<const St*>(a.W);
   St* gU = static_cast<St*>(a.U);
   const St* gKd = static_cast<const St*>(a.Kd);
@@ -430,7 +466,7 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   const int hk = h / a.group;
   auto issue_WU = [&](std::int64_t c) {
     copy_rows(wbuf(c), ldX, gW + item(c) * kC * Dk, Dk, kC, Dk);
-    copy_rows(ubuf(c), ldU, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
+    if (!mcols) copy_rows(ubuf(c), ldU, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
     if (a.row_factors) copy_rows(sfk + int(c & 1) * kC, kC, a.fk + item(c) * kC, kC, 1, kC);
   };
   auto issue_K = [&](std::int64_t c) {
@@ -450,29 +486,34 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
     return a.gn[item(c)];
   };
 
-  // The first chunk's copies; S from h0 (or zeros).
+  // The first chunk's copies; S from h0 (or zeros), or the segment's start (segstart), or for a
+  // map zeros (R) / the identity (M).
   float g_next = 0.f;
-  if (seq.chunks > 0) {
-    issue_WU(0);
+  if (ce > cb) {
+    issue_WU(cb);
     detail::cp_async_commit();
-    issue_K(0);
+    issue_K(cb);
     detail::cp_async_commit();
-    g_next = load_gn(0);
+    g_next = load_gn(cb);
   }
   for (int e = tid; e < Dk * BV; e += kThreads) {
     const int i = e / BV, j = e - i * BV;
     float s = 0.f;
-    if (a.h0) {
+    if (mode == 1) {
+      s = mcols && i == col0 - Dv + j ? 1.f : 0.f;
+    } else if (segj > 0) {
+      s = a.segstart[(xseg * a.Hv + h) * std::int64_t(Dk) * Dv + std::int64_t(i) * Dv + col0 + j];
+    } else if (a.h0) {
       const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
       s = a.v_first ? a.h0[base + (col0 + j) * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + col0 + j];
     }
     sS[i * ldS + j] = s;
   }
 
-  for (std::int64_t c = 0; c < seq.chunks; ++c) {
+  for (std::int64_t c = cb; c < ce; ++c) {
     const std::int64_t slot = seq.slot0 + c;
     const std::int64_t pidx = item(c);
-    const bool more = c + 1 < seq.chunks;
+    const bool more = c + 1 < ce;
     const float g_cur = g_next;
     const St* cW = wbuf(c);
     const St* cK = kbuf(c);
@@ -492,13 +533,13 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
       __syncthreads();
     }
     // The state entering chunk c -> its row (slot, h): fp32, or bf16 pairs (states16).
-    if (a.states16) {
+    if (writes && a.states16) {
       __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1;
       for (int e = tid; e < Dk * BV / 2; e += kThreads) {
         const int i = e / (BV / 2), j = 2 * (e - i * (BV / 2));
         store_pair(rec + std::int64_t(i) * Dv + col0 + j, sS[i * ldS + j], sS[i * ldS + j + 1]);
       }
-    } else {
+    } else if (writes) {
       float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
       for (int e = tid; e < Dk * BV; e += kThreads) {
         const int i = e / BV, j = e - i * BV;
@@ -525,11 +566,12 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
-          const float v0 = from_scratch(cU[r * ldU + j]) - acc[nt][2 * hf];
-          const float v1 = from_scratch(cU[r * ldU + j + 1]) - acc[nt][2 * hf + 1];
+          const float u0 = mcols ? 0.f : from_scratch(cU[r * ldU + j]);
+          const float u1 = mcols ? 0.f : from_scratch(cU[r * ldU + j + 1]);
+          const float v0 = u0 - acc[nt][2 * hf], v1 = u1 - acc[nt][2 * hf + 1];
           const float f = a.row_factors ? cfk[r] : 1.f;
           *reinterpret_cast<float2*>(sV + r * ldS + j) = make_float2(f * v0, f * v1);
-          store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
+          if (writes) store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
         }
     }
     __syncthreads();
@@ -579,7 +621,13 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   }
   cp_async_wait<0>();
   __syncthreads();
-  if (a.hout) {
+  if (mode == 1) {  // [R | M] -> segmap
+    float* out = a.segmap + (xseg * a.Hv + h) * std::int64_t(Dk) * (Dv + Dk);
+    for (int e = tid; e < Dk * BV; e += kThreads) {
+      const int i = e / BV, j = e - i * BV;
+      out[std::int64_t(i) * (Dv + Dk) + col0 + j] = sS[i * ldS + j];
+    }
+  } else if (a.hout && segj == nseg - 1) {
     for (int e = tid; e < Dk * BV; e += kThreads) {
       const int i = e / BV, j = e - i * BV;
       const std::int64_t base = n * a.hout_s0 + h * a.hout_s1;
@@ -589,6 +637,80 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
       else
         a.hout[base + i * a.hout_s2 + col0 + j] = s;
     }
+  }
+}
+
+// Segment split, between the map pass (mode 1) and the segment pass (mode 2): for sequence n,
+// value head h and 32 value columns, S_0 = h0 (or zeros), S_{j+1} = M_j S_j + R_j for the
+// segments j = 0 .. nseg - 2 (sequential over the few segments), each S_{j+1} -> segstart (row of
+// segment j + 1). 3xTF32 products (fp32 accuracy: M, R, S are fp32). Grid (N, Hv, Dv / 32), 256
+// threads; shared memory two fp32 [Dk][40] buffers.
+inline constexpr int kCombineBV = 32;
+inline std::size_t combine_smem_bytes(int Dk) {
+  return sizeof(float) * 2 * Dk * (kCombineBV + 8);
+}
+
+__global__ void __launch_bounds__(kThreads) segment_combine_kernel(ChunkArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr int BV = kCombineBV, ld = BV + 8;
+  const int Dk = a.Dk, Dv = a.Dv;
+  const std::int64_t ldm = Dk + Dv;  // segmap row length
+  float* sCur = reinterpret_cast<float*>(smem4);
+  float* sNext = sCur + Dk * ld;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t n = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = blockIdx.z * BV;
+  std::int64_t first, nseg;
+  if (a.varlen) {
+    first = a.seg_off[n];
+    nseg = a.seg_off[n + 1] - first;
+  } else {
+    nseg = a.nseg_fixed;
+    first = n * nseg;
+  }
+  if (nseg <= 1) return;
+  for (int e = tid; e < Dk * BV; e += kThreads) {
+    const int i = e / BV, j = e - i * BV;
+    float s = 0.f;
+    if (a.h0) {
+      const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
+      s = a.v_first ? a.h0[base + (col0 + j) * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + col0 + j];
+    }
+    sCur[i * ld + j] = s;
+  }
+  __syncthreads();
+  const int tiles = (Dk / 16) * (BV / 16);
+  for (std::int64_t j = 0; j + 1 < nseg; ++j) {
+    const float* map = a.segmap + ((first + j) * a.Hv + h) * std::int64_t(Dk) * ldm;
+    float* out = a.segstart + ((first + j + 1) * a.Hv + h) * std::int64_t(Dk) * Dv + col0;
+    for (int t = warp; t < tiles; t += kThreads / 32) {
+      const int i0 = 16 * (t % (Dk / 16)), j0 = 16 * (t / (Dk / 16));
+      float acc[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + lg + 8 * (e >> 1), jj = j0 + 8 * nt + 2 * lc + (e & 1);
+          acc[nt][e] = map[i * ldm + col0 + jj];  // R
+        }
+      mma_tile<2, true>(
+          acc, Dk, [&](int i, int k) { return map[(i0 + i) * ldm + Dv + k]; },  // M
+          [&](int k, int jj) { return sCur[k * ld + j0 + jj]; });
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + lg + 8 * (e >> 1), jj = j0 + 8 * nt + 2 * lc + (e & 1);
+          sNext[i * ld + jj] = acc[nt][e];
+          out[std::int64_t(i) * Dv + jj] = acc[nt][e];
+        }
+    }
+    __syncthreads();
+    float* t = sCur;
+    sCur = sNext;
+    sNext = t;
   }
 }
 
