@@ -47,6 +47,10 @@ struct DecodeOverrides {
                               //   it is launched plainly either way)
   int chunked_segments = 0;   // the chunked forward (Path::chunkwise on cuda): chunks per segment
                               //   of the state pass's exact segment split (> 0), or -1 = no split
+  int chunked_state_columns = 0;  // the chunked forward's state pass (unsplit): 16 or 32 value
+                                  //   columns per block
+  int chunked_state_buffers = 0;  // the chunked forward's state pass: 1 or 2 W / Kd buffers
+                                  //   (2 only where the shared memory allows)
 };
 
 }  // namespace gdr

@@ -43,9 +43,9 @@ struct DeviceRun {
 };
 
 // gdr::forward with Path::chunkwise on device copies of d's tensors (o, the final state and the
-// saved tensor poisoned first). segments: DecodeOverrides::chunked_segments (0: the rule).
+// saved tensor poisoned first), with the plan's overrides.
 DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullptr,
-                      int segments = 0) {
+                      const DecodeOverrides& overrides = {}) {
   d.o.poison();
   if (d.final_state.defined()) d.final_state.poison();
   HostTensor saved_host;
@@ -69,8 +69,6 @@ DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullpt
   ExecConfig cfg;
   cfg.path = Path::chunkwise;
   cfg.stream = stream;
-  DecodeOverrides overrides;
-  overrides.chunked_segments = segments;
   cfg.decode_overrides = &overrides;
   forward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "chunked forward");
@@ -95,12 +93,16 @@ void note(const std::string& family, const ForwardResult& got, const ForwardResu
 
 // One case: the chunked forward against the float64 reference (and, with `saved`, its chunk
 // states against the CPU chunkwise path's).
-void check_chunked(const std::string& family, TestData d, bool with_saved = false,
-                   int segments = 0) {
+// segments: DecodeOverrides::chunked_segments (0 the rule); overrides: the other fields.
+void check_chunked(const std::string& family, TestData d, bool with_saved = false, int segments = 0,
+                   DecodeOverrides overrides = {}) {
   const ForwardResult ref = reference_forward(d);
-  const std::string label =
-      family + ": " + describe(d.c, d.seed) + " segments " + std::to_string(segments);
-  const DeviceRun got = run_chunked(d, with_saved, nullptr, segments);
+  overrides.chunked_segments = segments;
+  const std::string label = family + ": " + describe(d.c, d.seed) + " segments " +
+                            std::to_string(segments) + " state bv " +
+                            std::to_string(overrides.chunked_state_columns) + " buffers " +
+                            std::to_string(overrides.chunked_state_buffers);
+  const DeviceRun got = run_chunked(d, with_saved, nullptr, overrides);
   note(family, got.r, ref);
   expect_forward_close(got.r, ref, forward_tolerance(d.c), label);
   if (with_saved) {
@@ -124,8 +126,8 @@ void check_chunked(const std::string& family, TestData d, bool with_saved = fals
 }
 
 void check_chunked(const std::string& family, const Case& c, bool with_saved = false,
-                   int segments = 0) {
-  check_chunked(family, make_problem(c), with_saved, segments);
+                   int segments = 0, DecodeOverrides overrides = {}) {
+  check_chunked(family, make_problem(c), with_saved, segments, overrides);
 }
 
 Case base_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t Hv, std::int64_t D,
@@ -304,6 +306,22 @@ TEST(CudaChunkedForward, SegmentSplit) {
     d.g.fill(-30.0);
     check_chunked("segments, g=-30", d, false, 2);
   }
+}
+
+// The state pass's forced shapes (DecodeOverrides::chunked_state_columns / _buffers): 16 and 32
+// value columns, one and two W / Kd buffers, both scratch types, with and without row factors.
+TEST(CudaChunkedForward, StatePassShapes) {
+  REQUIRE_GPU();
+  for (int bv : {16, 32})
+    for (int nbuf : {1, 2})
+      for (DType dtype : {DType::bf16, DType::f32}) {
+        Case c = base_case(1, 64 * 6 + 9, 2, 4, 128, dtype);
+        c.mask = nbuf == 1;  // bf16: stored Qs / Kd with the mask, row factors without
+        DecodeOverrides o;
+        o.chunked_state_columns = bv;
+        o.chunked_state_buffers = nbuf;
+        check_chunked("state pass shapes", c, bv == 16, -1, o);
+      }
 }
 
 TEST(CudaChunkedForward, LongSequence) {

@@ -81,8 +81,9 @@ struct ChunkArgs {
   float* gn;
   // Row factors (row_factors: scalar gate, bf16 inputs without a mask, q and k rows 16-byte
   // aligned): Qs and Kd are not stored; the kernels that need them read q, k (bf16) and use
-  // Qs = diag(fq) q, Kd = diag(fk) k with fq_r = scale e^{G_r} / |q_r|, fk_r = e^{G_n - G_r} / |k_r|
-  // (norms only with qk_l2norm; both 0 on rows past the chunk), fp32 [C] each per (slot, head).
+  // Qs = diag(fq) q, Kd = diag(fk) k with fq_r = scale e^{G_r} / |q_r|, fk_r = e^{G_n - G_r} /
+  // |k_r| (norms only with qk_l2norm; both 0 on rows past the chunk), fp32 [C] each per (slot,
+  // head).
   bool row_factors;
   float* fq;
   float* fk;

@@ -17,8 +17,8 @@
 #include "core/heuristics.h"
 #include "cuda/chunked/chunked_kernels.cuh"
 #include "cuda/common/launch.h"
-#include "gdr/decode_overrides.h"
 #include "cuda/paths.h"
+#include "gdr/decode_overrides.h"
 
 namespace gdr::cuda {
 namespace {
@@ -78,8 +78,8 @@ void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const ch
 
 // Prep, state pass and output kernels with scratch elements St.
 template <class St>
-void run_kernels(const ChunkArgs& a, const Problem& prob, int sms, int smem_optin, int dev,
-                 cudaStream_t stream, const char* op) {
+void run_kernels(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced, int sms,
+                 int smem_optin, int dev, cudaStream_t stream, const char* op) {
   if (a.slots > 0) {
     if (a.per_key)
       launch_prep<true, St>(a, dev, stream, op);
@@ -89,23 +89,25 @@ void run_kernels(const ChunkArgs& a, const Problem& prob, int sms, int smem_opti
   // Two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit in one
   // wave and the shared memory allows, else one.
   auto buffers = [&](std::int64_t blocks, int bv) {
-    return blocks <= sms && chunked::state_smem_bytes<St>(a.Dk, bv, 2) <=
-                                static_cast<std::size_t>(smem_optin)
-               ? 2
-               : 1;
+    const bool fit2 =
+        chunked::state_smem_bytes<St>(a.Dk, bv, 2) <= static_cast<std::size_t>(smem_optin);
+    if (forced.chunked_state_buffers == 1 || forced.chunked_state_buffers == 2)
+      return fit2 ? forced.chunked_state_buffers : 1;
+    return blocks <= sms && fit2 ? 2 : 1;
   };
   if (a.seg_chunks > 0) {
     // Segment split (heuristics::cuda_chunked_segment_chunks: only where the unsplit pass would
     // leave most SMs idle): maps, the sequential combine, the segments; 16 value columns.
-    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * (prob.Dv + prob.Dk) / 16, 16), 1,
-                         dev, stream, op);
+    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * (prob.Dv + prob.Dk) / 16, 16), 1, dev,
+                         stream, op);
     launch_combine(a, dev, stream, op);
-    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * prob.Dv / 16, 16), 2, dev, stream,
-                         op);
+    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * prob.Dv / 16, 16), 2, dev, stream, op);
   } else {
     // 32 value columns per block, 16 when 32 would leave more than half the SMs idle.
     const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
-    const int bv = 2 * blocks32 <= sms ? 16 : 32;
+    int bv = 2 * blocks32 <= sms ? 16 : 32;
+    if (forced.chunked_state_columns == 16 || forced.chunked_state_columns == 32)
+      bv = forced.chunked_state_columns;
     const int nbuf = buffers(blocks32 * (32 / bv), bv);
     if (bv == 16)
       launch_state<16, St>(a, nbuf, 0, dev, stream, op);
@@ -192,10 +194,12 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
         "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
 
   // Segment split of the state pass: chunks per segment from the rule, or the override (tests).
+  static const DecodeOverrides kRules{};
+  const DecodeOverrides& overrides = config.decode_overrides ? *config.decode_overrides : kRules;
   {
-    const int forced = config.decode_overrides ? config.decode_overrides->chunked_segments : 0;
-    std::int64_t cs = heuristics::cuda_chunked_segment_chunks(prob.N, prob.Hv, prob.Dk, prob.Dv,
-                                                               a.slots, sms);
+    const int forced = overrides.chunked_segments;
+    std::int64_t cs =
+        heuristics::cuda_chunked_segment_chunks(prob.N, prob.Hv, prob.Dk, prob.Dv, a.slots, sms);
     if (forced > 0) cs = forced;
     if (forced < 0) cs = 0;
     if (cs > 0 && a.slots > 0) {
@@ -222,17 +226,15 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 8 == 0 &&
            t.stride[1] % 8 == 0 && t.stride[2] % 8 == 0;
   };
-  a.row_factors = !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() &&
-                  rows16(in.q) && rows16(in.k);
-  const std::int64_t st_elems =
-      items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
-               (own_states ? prob.Dk * prob.Dv : 0));
-  const std::int64_t floats =
-      items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));
+  a.row_factors =
+      !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() && rows16(in.q) && rows16(in.k);
+  const std::int64_t st_elems = items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
+                                         (own_states ? prob.Dk * prob.Dv : 0));
+  const std::int64_t floats = items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));
   const std::int64_t seg_floats =
       a.seg_chunks > 0 ? a.seg_slots * prob.Hv * prob.Dk * (2 * prob.Dv + prob.Dk) : 0;
-  const std::int64_t bytes = st_elems * esize + (floats + seg_floats) * 4 +
-                             (prob.varlen ? 2 * (prob.N + 1) * 8 : 0) + 256;
+  const std::int64_t bytes =
+      st_elems * esize + (floats + seg_floats) * 4 + (prob.varlen ? 2 * (prob.N + 1) * 8 : 0) + 256;
   void* scratch = nullptr;
   check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
   char* b = static_cast<char*>(scratch);
@@ -280,9 +282,9 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
       check(cudaGetLastError(), op, "chunk_table_kernel launch");
     }
     if (x3)
-      run_kernels<float>(a, prob, sms, smem_optin, dev, stream, op);
+      run_kernels<float>(a, prob, overrides, sms, smem_optin, dev, stream, op);
     else
-      run_kernels<__nv_bfloat16>(a, prob, sms, smem_optin, dev, stream, op);
+      run_kernels<__nv_bfloat16>(a, prob, overrides, sms, smem_optin, dev, stream, op);
   } catch (...) {
     (void)cudaFreeAsync(scratch, stream);
     throw;
