@@ -42,23 +42,26 @@ inline Path cpu_backward_path(const Problem& prob) {
                                                                       : Path::chunkwise;
 }
 
-// CUDA forward: the chunked forward (src/cuda/chunked/) for few sequences (N Hv <= 64 value-head
-// rows) of more than 64 tokens, the recurrent kernel otherwise. Measured (bf16, Hk/Hv = 16/32,
-// Dk = Dv = 128; bench/results/2026-12-05-chunk-fwd.json for the chunked times, on an H100; the
-// recurrent times are issue 45's, on an H200, so the comparison is across cards): B = 1,
-// T = 4096: chunked 2.03 ms vs recurrent 2.44 ms; B = 1, T = 16384: 8.0 vs ~9.2 ms; B = 8,
-// T = 4096: chunked 12.6 ms vs recurrent ~5.4 ms (the recurrent kernel fills the chip with 256
-// rows, the first chunked kernels are latency-bound: docs/cuda-chunked.md). The token bound (one
-// chunk) is not measured yet (bench/cuda_chunked.py --crossover); re-measure both when the
-// chunked kernels change.
+// CUDA forward, Path::automatic (chunk_size 64): the chunked forward (src/cuda/chunked/) when
+//   - the sequences are longer than one chunk on average (tokens per sequence >
+//     kCudaRecurrentMaxTokens: below that the chunk form has nothing to amortise its prep over), and
+//   - there are few value-head rows (N Hv <= kCudaChunkedMaxRows: the recurrent kernel fills the
+//     chip with many rows, while the chunked state pass walks each row's chunks in sequence);
+// the recurrent kernel otherwise.
+// Measured (bf16, Hk/Hv = 16/32, Dk = Dv = 128; the chunked times of the first chunked version,
+// bench/results/2026-12-05-chunk-fwd.json, H100; the recurrent ones issue 45's, H200, so the
+// comparison is across cards): B = 1, T = 4096: chunked 2.03 ms vs recurrent 2.44 ms; B = 1,
+// T = 16384: 8.0 vs ~9.2 ms; B = 8, T = 4096: chunked 12.6 ms vs recurrent ~5.4 ms. The token
+// bound is not measured yet (bench/cuda_chunked.py --crossover). Both bounds are to be
+// re-measured with the current kernels (16-bit scratch, docs/cuda-chunked.md), which should move
+// the row bound up.
 inline constexpr std::int64_t kCudaRecurrentMaxTokens = 64;
 inline constexpr std::int64_t kCudaChunkedMaxRows = 64;
 
 inline Path cuda_forward_path(const Problem& prob) {
-  return tokens_per_sequence(prob) > kCudaRecurrentMaxTokens &&
-                 prob.N * prob.Hv <= kCudaChunkedMaxRows
-             ? Path::chunkwise
-             : Path::sequential;
+  const bool longer_than_a_chunk = tokens_per_sequence(prob) > kCudaRecurrentMaxTokens;
+  const bool few_rows = prob.N * prob.Hv <= kCudaChunkedMaxRows;
+  return longer_than_a_chunk && few_rows ? Path::chunkwise : Path::sequential;
 }
 
 // CUDA chunked forward, exact segment splitting of the state pass (docs/cuda-chunked.md
