@@ -44,7 +44,8 @@ inline Path cpu_backward_path(const Problem& prob) {
 
 // CUDA forward, Path::automatic (chunk_size 64): the chunked forward (src/cuda/chunked/) when
 //   - the sequences are longer than one chunk on average (tokens per sequence >
-//     kCudaRecurrentMaxTokens: below that the chunk form has nothing to amortise its prep over), and
+//     kCudaRecurrentMaxTokens: below that the chunk form has nothing to amortise its prep over),
+//     and
 //   - there are few value-head rows (N Hv <= kCudaChunkedMaxRows: the recurrent kernel fills the
 //     chip with many rows, while the chunked state pass walks each row's chunks in sequence);
 // the recurrent kernel otherwise.
