@@ -5,11 +5,12 @@
 // median of --reps. One JSON object per line on stdout. (bench/cuda_chunked.py times gdr and FLA
 // side by side through torch; this program needs only the C++ build.)
 //   cuda_chunked_time [--reps N] [--crossover] [--only I] [--segments S] [--state-bv B]
-//                     [--state-buffers K]
+//                     [--state-buffers K] [--overlap O]
 // --only I times only the I-th shape of the list (0-based; e.g. one shape under nsys),
 // --segments S forces the state pass's segment split (DecodeOverrides::chunked_segments: S chunks
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
-// pass's value columns per block and W / Kd buffers.
+// pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
+// state pass or overlapped with it.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -131,6 +132,8 @@ int main(int argc, char** argv) {
                  "state pass value columns per block: 16 or 32 (0 the rule)");
   app.add_option("--state-buffers", overrides.chunked_state_buffers,
                  "state pass W / Kd buffers: 1 or 2 (0 the rule)");
+  app.add_option("--overlap", overrides.chunked_overlap,
+                 "output kernel: 1 after the state pass, 2 overlapped (0 the rule)");
   CLI11_PARSE(app, argc, argv);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "props");
@@ -156,13 +159,13 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
         "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"segments\": %d, \"state_bv\": %d, "
-        "\"state_buffers\": %d, "
+        "\"state_buffers\": %d, \"overlap\": %d, "
         "\"ms\": %.4f, "
         "\"ok\": %s}\n",
         prop.name, (long long)s.B, (long long)s.T, (long long)s.Hk, (long long)s.Hv,
         s.per_key ? "per_key" : "scalar", s.seqlens.empty() ? "false" : "true",
         overrides.chunked_segments, overrides.chunked_state_columns,
-        overrides.chunked_state_buffers, t, ok ? "true" : "false");
+        overrides.chunked_state_buffers, overrides.chunked_overlap, t, ok ? "true" : "false");
     std::fflush(stdout);
   }
   if (crossover && only < 0) {

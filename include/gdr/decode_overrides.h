@@ -51,6 +51,8 @@ struct DecodeOverrides {
                                   //   columns per block
   int chunked_state_buffers = 0;  // the chunked forward's state pass: 1 or 2 W / Kd buffers
                                   //   (2 only where the shared memory allows)
+  int chunked_overlap = 0;        // the chunked forward: 1 = the output kernel after the state
+                                  //   pass, 2 = overlapped with it where possible (the rule: 2)
 };
 
 }  // namespace gdr

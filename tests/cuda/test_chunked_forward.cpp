@@ -101,7 +101,8 @@ void check_chunked(const std::string& family, TestData d, bool with_saved = fals
   const std::string label = family + ": " + describe(d.c, d.seed) + " segments " +
                             std::to_string(segments) + " state bv " +
                             std::to_string(overrides.chunked_state_columns) + " buffers " +
-                            std::to_string(overrides.chunked_state_buffers);
+                            std::to_string(overrides.chunked_state_buffers) + " overlap " +
+                            std::to_string(overrides.chunked_overlap);
   const DeviceRun got = run_chunked(d, with_saved, nullptr, overrides);
   note(family, got.r, ref);
   expect_forward_close(got.r, ref, forward_tolerance(d.c), label);
@@ -308,20 +309,23 @@ TEST(CudaChunkedForward, SegmentSplit) {
   }
 }
 
-// The state pass's forced shapes (DecodeOverrides::chunked_state_columns / _buffers): 16 and 32
-// value columns, one and two W / Kd buffers, both scratch types, with and without row factors.
+// The state pass's forced shapes (DecodeOverrides::chunked_state_columns / _buffers /
+// chunked_overlap): 16 and 32 value columns, one and two W / Kd buffers, the output kernel after
+// the state pass or overlapped with it, both scratch types, with and without row factors.
 TEST(CudaChunkedForward, StatePassShapes) {
   REQUIRE_GPU();
   for (int bv : {16, 32})
     for (int nbuf : {1, 2})
-      for (DType dtype : {DType::bf16, DType::f32}) {
-        Case c = base_case(1, 64 * 6 + 9, 2, 4, 128, dtype);
-        c.mask = nbuf == 1;  // bf16: stored Qs / Kd with the mask, row factors without
-        DecodeOverrides o;
-        o.chunked_state_columns = bv;
-        o.chunked_state_buffers = nbuf;
-        check_chunked("state pass shapes", c, bv == 16, -1, o);
-      }
+      for (int overlap : {1, 2})
+        for (DType dtype : {DType::bf16, DType::f32}) {
+          Case c = base_case(1, 64 * 6 + 9, 2, 4, 128, dtype);
+          c.mask = nbuf == 1;  // bf16: stored Qs / Kd with the mask, row factors without
+          DecodeOverrides o;
+          o.chunked_state_columns = bv;
+          o.chunked_state_buffers = nbuf;
+          o.chunked_overlap = overlap;
+          check_chunked("state pass shapes", c, bv == 16, -1, o);
+        }
 }
 
 TEST(CudaChunkedForward, LongSequence) {

@@ -94,6 +94,14 @@ struct ChunkArgs {
   // (the grids). segmap [seg_slots, Hv, Dk, Dv + Dk]: a segment's end state from a zero start
   // (R, columns < Dv) and its transition from the identity (M, columns Dv ..): S_end = M S_start
   // + R. segstart [seg_slots, Hv, Dk, Dv]: the true start state of each segment but the first.
+  // Overlap of the output kernel with the state pass (unsplit pass only): progress [N, Hv,
+  // Dv / state_bv] counts the chunks each state-pass block has finished (its chunk-state rows and
+  // Vnew written; zeroed before the pass, published with release semantics); the output kernel,
+  // a programmatic dependent launch of the state pass, waits (acquire) until its chunk is done.
+  // Null: the output kernel runs after the state pass.
+  int* progress;
+  int* progress_buf;  // scratch for progress, [N, Hv, Dv / 16] ints (the host's choice)
+  int state_bv;
   int seg_chunks;
   std::int64_t seg_slots, nseg_fixed;
   std::int64_t* seg_off;
@@ -210,6 +218,26 @@ __device__ __forceinline__ bool segment_of(const ChunkArgs& a, std::int64_t x, s
   nseg = a.seg_off[n + 1] - first;
   j = x - first;
   return true;
+}
+
+// Release / acquire of a progress counter at GPU scope (after a block barrier, the releasing
+// thread's fence orders every thread's earlier writes of the block: CUTLASS's generic barrier).
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("fence.acq_rel.gpu;\n\tst.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v)
+               : "memory");
+}
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Programmatic dependent launch (sm_90): let the dependent grid launch / wait until the grids
+// this one depends on have completed and their memory is visible.
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void wait_prior_grids() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // cp.async: wait until at most N of this thread's committed groups are pending; 4-byte copy.

@@ -65,20 +65,23 @@ void launch_combine(const ChunkArgs& a, int device, cudaStream_t stream, const c
 
 constexpr int kOutBV = 64;  // value columns per block of the output kernel
 
+// Grid: slots Hv (Dv / 64) blocks in one dimension (chunk-major); with a.progress a programmatic
+// dependent launch of the state pass (the overlap).
 template <class St, bool S16>
 void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunked::chunk_output_kernel<kOutBV, St, S16>;
   const std::size_t smem = chunked::output_smem_bytes<St, S16>(a.Dk, kOutBV);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
-  kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv),
-                static_cast<unsigned>(a.Dv / kOutBV)),
-           kThreads, smem, stream>>>(a);
+  const std::int64_t blocks = a.slots * a.Hv * (a.Dv / kOutBV);
+  if (blocks > INT_MAX) refuse(op, "too many chunks for one call");
+  launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, smem, stream,
+                a.progress != nullptr, a);
   check(cudaGetLastError(), op, "chunk_output_kernel launch");
 }
 
 // Prep, state pass and output kernels with scratch elements St.
 template <class St>
-void run_kernels(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced, int sms,
+void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced, int sms,
                  int smem_optin, int dev, cudaStream_t stream, const char* op) {
   if (a.slots > 0) {
     if (a.per_key)
@@ -109,6 +112,16 @@ void run_kernels(const ChunkArgs& a, const Problem& prob, const DecodeOverrides&
     if (forced.chunked_state_columns == 16 || forced.chunked_state_columns == 32)
       bv = forced.chunked_state_columns;
     const int nbuf = buffers(blocks32 * (32 / bv), bv);
+    // Overlap of the output kernel with this pass (src/cuda/chunked/chunked_kernels.cuh): on by
+    // rule where the output kernel reads the chunk states with 16-byte copies (cp.async.cg, L2:
+    // never a stale L1 line) and there are chunks.
+    const bool cg_states = a.states16 != nullptr || a.states_vec;
+    if (forced.chunked_overlap != 1 && cg_states && a.slots > 0 && a.progress_buf) {
+      a.progress = a.progress_buf;
+      a.state_bv = bv;
+      check(cudaMemsetAsync(a.progress, 0, sizeof(int) * prob.N * prob.Hv * (prob.Dv / bv), stream),
+            op, "cudaMemsetAsync(progress)");
+    }
     if (bv == 16)
       launch_state<16, St>(a, nbuf, 0, dev, stream, op);
     else
@@ -231,10 +244,12 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   const std::int64_t st_elems = items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
                                          (own_states ? prob.Dk * prob.Dv : 0));
   const std::int64_t floats = items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));
+  // Progress counters of the overlap (unsplit pass): [N, Hv, Dv / 16] ints at most.
+  const std::int64_t progress_ints = a.seg_chunks > 0 ? 0 : prob.N * prob.Hv * (prob.Dv / 16);
   const std::int64_t seg_floats =
       a.seg_chunks > 0 ? a.seg_slots * prob.Hv * prob.Dk * (2 * prob.Dv + prob.Dk) : 0;
-  const std::int64_t bytes =
-      st_elems * esize + (floats + seg_floats) * 4 + (prob.varlen ? 2 * (prob.N + 1) * 8 : 0) + 256;
+  const std::int64_t bytes = st_elems * esize + (floats + seg_floats + progress_ints) * 4 +
+                             (prob.varlen ? 2 * (prob.N + 1) * 8 : 0) + 256;
   void* scratch = nullptr;
   check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
   char* b = static_cast<char*>(scratch);
@@ -270,6 +285,7 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     a.segmap = static_cast<float*>(take(a.seg_slots * prob.Hv * prob.Dk * (prob.Dv + prob.Dk), 4));
     a.segstart = static_cast<float*>(take(a.seg_slots * prob.Hv * prob.Dk * prob.Dv, 4));
   }
+  if (progress_ints > 0) a.progress_buf = static_cast<int*>(take(progress_ints, 4));
   a.gn = static_cast<float*>(take(items * (a.per_key ? prob.Dk : 1), 4));
   a.states_vec = reinterpret_cast<std::uintptr_t>(a.saved) % 16 == 0 && a.saved_s0 % 4 == 0 &&
                  a.saved_s1 % 4 == 0;

@@ -456,6 +456,13 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   }
   const bool mcols = mode == 1 && col0 >= Dv;  // M columns: U = 0, identity start
   const bool writes = mode != 1;               // chunk states, Vnew, the final state
+  // Overlap: the output kernel may launch once every block of this grid has started (so that
+  // its blocks, which wait on `progress`, never hold SMs a block of this pass still needs).
+  int* progress = nullptr;
+  if (mode == 0 && a.progress) {
+    launch_dependents();
+    progress = a.progress + (n * a.Hv + h) * (Dv / BV) + blockIdx.z;
+  }
   const St* gW = static_cast<const St*>(a.W);
   St* gU = static_cast<St*>(a.U);
   const St* gKd = static_cast<const St*>(a.Kd);
@@ -618,6 +625,8 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
       if (more) issue_K(c + 1);
       detail::cp_async_commit();  // B(c + 1)
     }
+    // Chunk c's state row and Vnew are written by every thread (before the barrier above).
+    if (progress && tid == 0) store_release(progress, static_cast<int>(c + 1));
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -724,7 +733,9 @@ std::size_t output_smem_bytes(int Dk, int BV) {
 }
 
 // O = Qs S + P Vnew for one chunk slot, value head and BV value columns (S: the state entering
-// the chunk, from the chunk-state rows); rows < n written to o. bf16 scratch: Qs S with S split
+// the chunk, from the chunk-state rows); rows < n written to o. Grid: one dimension, blocks in
+// chunk-major order (slot, h, column block), so that with the overlap the blocks launch in the
+// order the state pass finishes chunks. bf16 scratch: Qs S with S split
 // into bf16 hi + lo (two products), or on the bf16 chunk states (S16: one product; S rounded to
 // bf16, 2^-9 relative, enters only this chunk's inter-chunk term, nothing accumulates it), P Vnew
 // on bf16 data (one product).
@@ -745,9 +756,16 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   float* sfq = reinterpret_cast<float*>(sV + kC * ldV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane >> 2, lc = lane & 3;
-  const std::int64_t slot = blockIdx.x;
-  const int h = blockIdx.y;
-  const int col0 = blockIdx.z * BV;
+  const int nz = Dv / BV;
+  const std::int64_t block = blockIdx.x;
+  const std::int64_t slot = block / (std::int64_t(a.Hv) * nz);
+  const int hz = static_cast<int>(block - slot * a.Hv * nz);
+  const int h = hz / nz;
+  const int col0 = (hz - h * nz) * BV;
+  // Overlap: this grid may run while the state pass still does; one block waits for that grid
+  // to complete, so that this grid's completion (what the stream's later work waits for) implies
+  // the state pass's (its final state).
+  if (a.progress && block == gridDim.x - 1) wait_prior_grids();
   std::int64_t n = 0;
   if (!slot_sequence(a, slot, n)) return;
   const SeqInfo seq = seq_info(a, n);
@@ -755,7 +773,15 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   const std::int64_t t0 = seq.bos + c * kC;
   const std::int64_t rem = seq.len - c * kC;
   const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
-  if (len == 0) return;
+  if (len == 0 || c >= seq.chunks) return;
+  if (a.progress) {  // chunk c done by the state-pass blocks of these columns
+    if (threadIdx.x == 0) {
+      const int* f = a.progress + (n * a.Hv + h) * (Dv / a.state_bv) + col0 / a.state_bv;
+      for (int z = 0; z < BV / a.state_bv; ++z)
+        while (load_acquire(f + z) <= c) __nanosleep(200);
+    }
+    __syncthreads();
+  }
   const std::int64_t pidx = slot * a.Hv + h;
   bool rows = false;  // row factors: sQ holds q rows, Qs = diag(fq) q
   if constexpr (!X3) rows = a.row_factors;
