@@ -373,9 +373,12 @@ __device__ __forceinline__ void mma_tile(float (&acc)[NT][4], int K, FA a, FB b)
 // A(i, k + 1) (k even). SplitB: B is fp32 data, b(k, j) returns B(k, j) as a float, split into
 // bf16 hi + lo (two products; ~2^-17 relative, mma_bf16.cuh); else B is bf16 data and b(k, j)
 // returns the packed pair B(k, j), B(k + 1, j) (one product, exact operands). acc as mma_tile.
+// The lo products accumulate apart from the hi ones (added at the end): 2 NT independent
+// accumulator chains instead of NT, half the dependent-mma depth (the state pass is latency-bound).
 template <int NT, bool SplitB, class FA, class FB>
 __device__ __forceinline__ void mma_tile_bf16(float (&acc)[NT][4], int K, FA a2, FB b) {
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  float lo[NT][4] = {};
 #pragma unroll 2
   for (int k0 = 0; k0 < K; k0 += 16) {
     const int k = k0 + 2 * c;
@@ -387,12 +390,18 @@ __device__ __forceinline__ void mma_tile_bf16(float (&acc)[NT][4], int K, FA a2,
         std::uint32_t h0, l0, h1, l1;
         detail::split_bf16(b(k, j), b(k + 1, j), h0, l0);
         detail::split_bf16(b(k + 8, j), b(k + 9, j), h1, l1);
-        detail::mma_bf16(acc[nt], av, l0, l1);
+        detail::mma_bf16(lo[nt], av, l0, l1);
         detail::mma_bf16(acc[nt], av, h0, h1);
       } else {
         detail::mma_bf16(acc[nt], av, b(k, j), b(k + 8, j));
       }
     }
+  }
+  if constexpr (SplitB) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] += lo[nt][e];
   }
 }
 

@@ -592,31 +592,32 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
     if (tid < Dk) sgn[tid] = g_cur;
     if (!two) cp_async_wait<1>();  // B(c)
     __syncthreads();
-    // S <- diag(gn) S + Kd^T Vnew: tiles 16 x 16 of [Dk, BV].
-    const int stiles = (Dk / 16) * (BV / 16);
-    for (int t = warp; t < stiles; t += kThreads / 32) {
-      const int i0 = 16 * (t % (Dk / 16)), j0 = 16 * (t / (Dk / 16));
-      float acc[2][4];
+    // S <- diag(gn) S + Kd^T Vnew: tiles 16 x BV of [Dk, BV] (one row band per warp: BV / 8
+    // independent accumulators, BV / 4 with the hi / lo split).
+    constexpr int NTs = BV / 8;
+    for (int t = warp; t < Dk / 16; t += kThreads / 32) {
+      const int i0 = 16 * t;
+      float acc[NTs][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NTs; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          const int i = i0 + lg + 8 * (e >> 1), j = 8 * nt + 2 * lc + (e & 1);
           acc[nt][e] = sgn[i] * sS[i * ldS + j];
         }
       if constexpr (X3)
-        mma_tile<2, true>(
+        mma_tile<NTs, true>(
             acc, kC, [&](int i, int k) { return cK[k * ldX + i0 + i]; },
-            [&](int k, int j) { return sV[k * ldS + j0 + j]; });
+            [&](int k, int j) { return sV[k * ldS + j]; });
       else
-        mma_tile_bf16<2, true>(
+        mma_tile_bf16<NTs, true>(
             acc, kC, [&](int i, int k) { return load_col_pair(cK + k * ldX + i0 + i, ldX); },
-            [&](int k, int j) { return sV[k * ldS + j0 + j]; });
+            [&](int k, int j) { return sV[k * ldS + j]; });
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NTs; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          const int i = i0 + lg + 8 * (e >> 1), j = 8 * nt + 2 * lc + (e & 1);
           sS[i * ldS + j] = acc[nt][e];
         }
     }
