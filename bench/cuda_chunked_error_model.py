@@ -10,9 +10,12 @@
    to bf16 (nearest even), o rounded to bf16, everything else exact, on bf16 inputs; relative
    Frobenius errors of o and of the final state against float64 on the same inputs (the tests'
    metric, bar 5e-3). The hi + lo split products (~2^-17) and fp32 accumulation are not modelled.
-   --exact NAME... leaves those intermediates unrounded (W U P S V O) to see what each costs.
+   --exact NAME... leaves those intermediates unrounded (W U P S V O) to see what each costs;
+   --stored models the path without row factors (per-key gate's, masks, f16): Qs = scale e^G q
+   and Kd = e^{G_n - G} k stored in bf16 too.
 
   python3 bench/cuda_chunked_error_model.py [--T 2065] [--D 128] [--decay 0.2] [--beta-one]
+                                            [--stored] [--exact W U P S V O]
 """
 import argparse
 
@@ -84,6 +87,7 @@ def main():
     ap.add_argument("--beta-one", action="store_true")
     ap.add_argument("--segment", type=int, default=3, help="chunks per segment (algebra check)")
     ap.add_argument("--exact", nargs="*", default=[], choices=list("WUPSVO"))
+    ap.add_argument("--stored", action="store_true", help="Qs, Kd stored in bf16")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     C, scale = 64, a.D ** -0.5
@@ -114,10 +118,16 @@ def main():
     o = np.zeros_like(v)
     for c, p in enumerate(chunks):
         Vn = p["U"] - p["W"] @ S
-        oc = p["fq"][:, None] * (p["Q"] @ rnd["S"](S)) + p["P"] @ rnd["V"](Vn)
+        if a.stored:
+            Qs, Kd = bf16(p["fq"][:, None] * p["Q"]), bf16(p["fk"][:, None] * p["K"])
+            oc = Qs @ rnd["S"](S) + p["P"] @ rnd["V"](Vn)
+            S = p["gn"] * S + Kd.T @ Vn
+        else:
+            oc = p["fq"][:, None] * (p["Q"] @ rnd["S"](S)) + p["P"] @ rnd["V"](Vn)
+            S = p["gn"] * S + p["K"].T @ (p["fk"][:, None] * Vn)
         o[c * C:c * C + p["n"]] = rnd["O"](oc[:p["n"]])
-        S = p["gn"] * S + p["K"].T @ (p["fk"][:, None] * Vn)
-    print(f"bf16 scratch (exact: {''.join(a.exact) or 'none'}), T={a.T} D={a.D} "
+    print(f"bf16 scratch{' (stored Qs, Kd)' if a.stored else ''} "
+          f"(exact: {''.join(a.exact) or 'none'}), T={a.T} D={a.D} "
           f"g=-{a.decay}U(0,1){' beta=1' if a.beta_one else ''}: o {rel(o, o_ref):.2e}, "
           f"final state {rel(S, S_ref):.2e} (bar 5e-3)")
 
