@@ -4,17 +4,24 @@
 // [B, T, Hv, Dk]), beta U(0,1); fp32 h0 and final state. CUDA events around each call, warm-up,
 // median of --reps. One JSON object per line on stdout. (bench/cuda_chunked.py times gdr and FLA
 // side by side through torch; this program needs only the C++ build.)
-//   cuda_chunked_time [--reps N] [--crossover]
+//   cuda_chunked_time [--reps N] [--crossover] [--only I] [--segments S] [--state-bv B]
+//                     [--state-buffers K] [--overlap O]
+// --only I times only the I-th shape of the list (0-based; e.g. one shape under nsys),
+// --segments S forces the state pass's segment split (DecodeOverrides::chunked_segments: S chunks
+// per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
+// pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
+// state pass or overlapped with it.
 #include <cuda_runtime.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda_fill.h"
+#include "gdr/decode_overrides.h"
 #include "gdr/gdr.h"
 
 namespace {
@@ -32,7 +39,8 @@ struct Shape {
   std::vector<std::int64_t> seqlens;  // varlen when not empty (B = 1)
 };
 
-double time_forward(const Shape& s, gdr::Path path, int reps, bool* ok) {
+double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeOverrides& overrides,
+                    bool* ok) {
   using gdr::DType;
   const std::int64_t D = 128, B = s.B, T = s.T, Hk = s.Hk, Hv = s.Hv;
   const std::int64_t N = s.seqlens.empty() ? B : static_cast<std::int64_t>(s.seqlens.size());
@@ -77,6 +85,7 @@ double time_forward(const Shape& s, gdr::Path path, int reps, bool* ok) {
   }
   gdr::ExecConfig cfg;
   cfg.path = path;
+  cfg.decode_overrides = &overrides;
   std::vector<float> ms;
   cudaEvent_t a, b;
   ck(cudaEventCreate(&a), "event");
@@ -110,12 +119,22 @@ double time_forward(const Shape& s, gdr::Path path, int reps, bool* ok) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 20;
+  int reps = 20, only = -1;
+  gdr::DecodeOverrides overrides;
   bool crossover = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    if (!std::strcmp(argv[i], "--crossover")) crossover = true;
-  }
+  CLI::App app{"gdr chunked forward timer (CUDA events, median of --reps; JSON lines)"};
+  app.add_option("--reps", reps, "timed calls per shape")->check(CLI::PositiveNumber);
+  app.add_flag("--crossover", crossover, "also time the recurrent path against the chunked one");
+  app.add_option("--only", only, "time only this shape of the list (0-based)");
+  app.add_option("--segments", overrides.chunked_segments,
+                 "segment split: chunks per segment (> 0), -1 no split, 0 the rule");
+  app.add_option("--state-bv", overrides.chunked_state_columns,
+                 "state pass value columns per block: 16 or 32 (0 the rule)");
+  app.add_option("--state-buffers", overrides.chunked_state_buffers,
+                 "state pass W / Kd buffers: 1 or 2 (0 the rule)");
+  app.add_option("--overlap", overrides.chunked_overlap,
+                 "output kernel: 1 after the state pass, 2 overlapped (0 the rule)");
+  CLI11_PARSE(app, argc, argv);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "props");
   std::vector<std::int64_t> lens;
@@ -132,23 +151,29 @@ int main(int argc, char** argv) {
                                {1, 65536, 16, 32, false, {}}, {8, 4096, 16, 32, false, {}},
                                {1, 32768, 32, 32, false, {}}, {1, total, 16, 32, false, lens},
                                {1, 16384, 32, 32, true, {}}};
-  for (const Shape& s : shapes) {
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    if (only >= 0 && static_cast<std::size_t>(only) != i) continue;
+    const Shape& s = shapes[i];
     bool ok;
-    const double t = time_forward(s, gdr::Path::chunkwise, reps, &ok);
+    const double t = time_forward(s, gdr::Path::chunkwise, reps, overrides, &ok);
     std::printf(
         "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
-        "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"ms\": %.4f, \"ok\": %s}\n",
+        "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"segments\": %d, \"state_bv\": %d, "
+        "\"state_buffers\": %d, \"overlap\": %d, "
+        "\"ms\": %.4f, "
+        "\"ok\": %s}\n",
         prop.name, (long long)s.B, (long long)s.T, (long long)s.Hk, (long long)s.Hv,
-        s.per_key ? "per_key" : "scalar", s.seqlens.empty() ? "false" : "true", t,
-        ok ? "true" : "false");
+        s.per_key ? "per_key" : "scalar", s.seqlens.empty() ? "false" : "true",
+        overrides.chunked_segments, overrides.chunked_state_columns,
+        overrides.chunked_state_buffers, overrides.chunked_overlap, t, ok ? "true" : "false");
     std::fflush(stdout);
   }
-  if (crossover) {
+  if (crossover && only < 0) {
     for (auto [B, T] : std::vector<std::pair<int, int>>{
              {1, 128}, {1, 256}, {1, 1024}, {1, 4096}, {8, 128}, {8, 1024}, {8, 4096}, {32, 256}})
       for (gdr::Path path : {gdr::Path::sequential, gdr::Path::chunkwise}) {
         bool ok;
-        const double t = time_forward({B, T, 16, 32, false, {}}, path, reps, &ok);
+        const double t = time_forward({B, T, 16, 32, false, {}}, path, reps, overrides, &ok);
         std::printf(
             "{\"device\": \"%s\", \"path\": \"%s\", \"B\": %d, \"T\": %d, \"Hk\": 16, "
             "\"Hv\": 32, \"gate\": \"scalar\", \"ms\": %.4f, \"ok\": %s}\n",

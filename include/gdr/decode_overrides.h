@@ -45,6 +45,14 @@ struct DecodeOverrides {
   int pdl = 0;                // programmatic dependent launches: 1 = off, 2 = on (the rule: on;
                               //   a launch whose counter pair is zeroed by a memset just before
                               //   it is launched plainly either way)
+  int chunked_segments = 0;   // the chunked forward (Path::chunkwise on cuda): chunks per segment
+                              //   of the state pass's exact segment split (> 0), or -1 = no split
+  int chunked_state_columns = 0;  // the chunked forward's state pass (unsplit): 16 or 32 value
+                                  //   columns per block
+  int chunked_state_buffers = 0;  // the chunked forward's state pass: 1 or 2 W / Kd buffers
+                                  //   (2 only where the shared memory allows)
+  int chunked_overlap = 0;        // the chunked forward: 1 = the output kernel after the state
+                                  //   pass, 2 = overlapped with it where possible (the rule: 2)
 };
 
 }  // namespace gdr

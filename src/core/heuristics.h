@@ -42,23 +42,52 @@ inline Path cpu_backward_path(const Problem& prob) {
                                                                       : Path::chunkwise;
 }
 
-// CUDA forward: the chunked forward (src/cuda/chunked/) for few sequences (N Hv <= 64 value-head
-// rows) of more than 64 tokens, the recurrent kernel otherwise. Measured (bf16, Hk/Hv = 16/32,
-// Dk = Dv = 128; bench/results/2026-12-05-chunk-fwd.json for the chunked times, on an H100; the
-// recurrent times are issue 45's, on an H200, so the comparison is across cards): B = 1,
-// T = 4096: chunked 2.03 ms vs recurrent 2.44 ms; B = 1, T = 16384: 8.0 vs ~9.2 ms; B = 8,
-// T = 4096: chunked 12.6 ms vs recurrent ~5.4 ms (the recurrent kernel fills the chip with 256
-// rows, the first chunked kernels are latency-bound: docs/cuda-chunked.md). The token bound (one
-// chunk) is not measured yet (bench/cuda_chunked.py --crossover); re-measure both when the
-// chunked kernels change.
+// CUDA forward, Path::automatic (chunk_size 64): the chunked forward (src/cuda/chunked/) when
+//   - the sequences are longer than one chunk on average (tokens per sequence >
+//     kCudaRecurrentMaxTokens: below that the chunk form has nothing to amortise its prep over),
+//     and
+//   - there are few value-head rows (N Hv <= kCudaChunkedMaxRows: the recurrent kernel fills the
+//     chip with many rows, while the chunked state pass walks each row's chunks in sequence);
+// the recurrent kernel otherwise.
+// Measured (bf16, Hk/Hv = 16/32, Dk = Dv = 128; the chunked times of the first chunked version,
+// bench/results/2026-12-05-chunk-fwd.json, H100; the recurrent ones issue 45's, H200, so the
+// comparison is across cards): B = 1, T = 4096: chunked 2.03 ms vs recurrent 2.44 ms; B = 1,
+// T = 16384: 8.0 vs ~9.2 ms; B = 8, T = 4096: chunked 12.6 ms vs recurrent ~5.4 ms. The token
+// bound is not measured yet (bench/cuda_chunked.py --crossover). Both bounds are to be
+// re-measured with the current kernels (16-bit scratch, docs/cuda-chunked.md), which should move
+// the row bound up.
 inline constexpr std::int64_t kCudaRecurrentMaxTokens = 64;
 inline constexpr std::int64_t kCudaChunkedMaxRows = 64;
 
 inline Path cuda_forward_path(const Problem& prob) {
-  return tokens_per_sequence(prob) > kCudaRecurrentMaxTokens &&
-                 prob.N * prob.Hv <= kCudaChunkedMaxRows
-             ? Path::chunkwise
-             : Path::sequential;
+  const bool longer_than_a_chunk = tokens_per_sequence(prob) > kCudaRecurrentMaxTokens;
+  const bool few_rows = prob.N * prob.Hv <= kCudaChunkedMaxRows;
+  return longer_than_a_chunk && few_rows ? Path::chunkwise : Path::sequential;
+}
+
+// CUDA chunked forward, exact segment splitting of the state pass (docs/cuda-chunked.md
+// §Segments): chunks per segment, or 0 for no split. The state pass is sequential over a
+// sequence's chunks and has N Hv Dv / 16 blocks at 16 value columns; a split runs the segments
+// of a sequence concurrently at the price of 3x the state-pass work (the maps [R | M] over Dv + Dk
+// columns, then each segment again from its true start), so it can only pay where the unsplit
+// pass leaves most of the chip idle. G = 2 sms / (Hv (Dv + Dk) / 16) segments in all keep the
+// map pass within ~2 blocks per SM; the split is taken when G >= 4 (the critical path, two
+// passes of 1 / G of the chunks, is then at most half the unsplit one), with at least
+// kCudaMinSegmentChunks chunks per segment (the per-block setup, a state load and store, is
+// amortised) and at least two segments' worth of chunks in the call. Under varlen the host does
+// not know the lengths (cu_seqlens stays on the device): segments have a fixed chunk count, so a
+// long sequence gets many and a short one one. Not measured yet (docs/cuda-chunked.md).
+inline constexpr std::int64_t kCudaMinSegmentChunks = 4;
+inline constexpr std::int64_t kCudaMinSegments = 4;
+
+inline std::int64_t cuda_chunked_segment_chunks(std::int64_t N, std::int64_t Hv, std::int64_t Dk,
+                                                std::int64_t Dv, std::int64_t chunks, int sms) {
+  if (N <= 0 || Hv <= 0 || chunks <= 0 || sms <= 0) return 0;
+  const std::int64_t G = (2 * static_cast<std::int64_t>(sms) * 16) / (Hv * (Dv + Dk));
+  if (G < kCudaMinSegments) return 0;
+  std::int64_t cs = (chunks + G - 1) / G;
+  if (cs < kCudaMinSegmentChunks) cs = kCudaMinSegmentChunks;
+  return chunks >= 2 * cs ? cs : 0;
 }
 
 }  // namespace gdr::heuristics

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gdr/decode_overrides.h"
 #include "gpu_support.h"
 #include "support_gtest.h"
 
@@ -42,8 +43,9 @@ struct DeviceRun {
 };
 
 // gdr::forward with Path::chunkwise on device copies of d's tensors (o, the final state and the
-// saved tensor poisoned first).
-DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullptr) {
+// saved tensor poisoned first), with the plan's overrides.
+DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullptr,
+                      const DecodeOverrides& overrides = {}) {
   d.o.poison();
   if (d.final_state.defined()) d.final_state.poison();
   HostTensor saved_host;
@@ -55,6 +57,7 @@ DeviceRun run_chunked(TestData& d, bool with_saved, cudaStream_t stream = nullpt
   ExecConfig cfg;
   cfg.path = Path::chunkwise;
   cfg.stream = stream;
+  cfg.decode_overrides = &overrides;
   forward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "chunked forward");
   DeviceMirror::to_host(p.o, host.o);
@@ -78,10 +81,17 @@ void note(const std::string& family, const ForwardResult& got, const ForwardResu
 
 // One case: the chunked forward against the float64 reference (and, with `saved`, its chunk
 // states against the CPU chunkwise path's).
-void check_chunked(const std::string& family, TestData d, bool with_saved = false) {
+// segments: DecodeOverrides::chunked_segments (0 the rule); overrides: the other fields.
+void check_chunked(const std::string& family, TestData d, bool with_saved = false, int segments = 0,
+                   DecodeOverrides overrides = {}) {
   const ForwardResult ref = reference_forward(d);
-  const std::string label = family + ": " + describe(d.c, d.seed);
-  const DeviceRun got = run_chunked(d, with_saved);
+  overrides.chunked_segments = segments;
+  const std::string label = family + ": " + describe(d.c, d.seed) + " segments " +
+                            std::to_string(segments) + " state bv " +
+                            std::to_string(overrides.chunked_state_columns) + " buffers " +
+                            std::to_string(overrides.chunked_state_buffers) + " overlap " +
+                            std::to_string(overrides.chunked_overlap);
+  const DeviceRun got = run_chunked(d, with_saved, nullptr, overrides);
   note(family, got.r, ref);
   expect_forward_close(got.r, ref, forward_tolerance(d.c), label);
   if (with_saved) {
@@ -104,8 +114,9 @@ void check_chunked(const std::string& family, TestData d, bool with_saved = fals
   }
 }
 
-void check_chunked(const std::string& family, const Case& c, bool with_saved = false) {
-  check_chunked(family, make_problem(c), with_saved);
+void check_chunked(const std::string& family, const Case& c, bool with_saved = false,
+                   int segments = 0, DecodeOverrides overrides = {}) {
+  check_chunked(family, make_problem(c), with_saved, segments, overrides);
 }
 
 Case base_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t Hv, std::int64_t D,
@@ -235,6 +246,74 @@ TEST(CudaChunkedForward, WideStatePass) {
       c.layout = B == 1 ? StateLayout::k_first : StateLayout::v_first;
       check_chunked("wide state pass", c, B == 3);
     }
+}
+
+// The 16-bit scratch path (W, U / Vnew, Qs, Kd, P in bf16 for f16 / bf16 inputs) at the
+// benchmark's head dims over many chunks, where the rounded intermediates' errors accumulate in
+// the state: within the 5e-3 bar for both gates, f16 and bf16 inputs, with and without the fused
+// normalisation.
+TEST(CudaChunkedForward, Bf16ScratchManyChunks) {
+  REQUIRE_GPU();
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      Case c = base_case(1, 2048 + 17, 1, 2, 128, dtype);
+      c.gate = gate;
+      c.decay = Decay::mild;
+      c.qk_l2norm = dtype == DType::bf16;
+      check_chunked("bf16 scratch", c, gate == GateKind::scalar);
+    }
+}
+
+// Exact segment split of the state pass (src/core/heuristics.h cuda_chunked_segment_chunks;
+// forced here through DecodeOverrides::chunked_segments: -1 off, n > 0 chunks per segment): a
+// long single sequence, varlen with one long sequence among short, empty and 1-token ones, and
+// g = -30 (each step forgets the state, so the maps M are ~0), against the float64 reference,
+// with the saved chunk states (each segment's from its true start) against the CPU path's.
+TEST(CudaChunkedForward, SegmentSplit) {
+  REQUIRE_GPU();
+  for (int seg : {-1, 1, 3, 16})
+    for (DType dtype : {DType::bf16, DType::f32})
+      for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+        Case c = base_case(1, 64 * 40 + 5, 1, 2, 64, dtype);
+        c.gate = gate;
+        c.layout = seg == 3 ? StateLayout::v_first : StateLayout::k_first;
+        c.Dv = seg == 16 ? 128 : 64;
+        check_chunked("segments, one sequence", c, seg == 3, seg);
+      }
+  for (int seg : {2, 5})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      Case c = base_case(1, 0, 2, 4, 64, dtype);
+      c.seqlens = {3, 0, 64 * 30 + 7, 1, 65, 200, 0};
+      c.gate = seg == 5 ? GateKind::per_key : GateKind::scalar;
+      c.mask = seg == 5;
+      check_chunked("segments, varlen", c, seg == 2, seg);
+    }
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c = base_case(2, 64 * 12 + 30, 1, 2, 64);
+    c.gate = gate;
+    TestData d = make_problem(c);
+    d.g.fill(-30.0);
+    check_chunked("segments, g=-30", d, false, 2);
+  }
+}
+
+// The state pass's forced shapes (DecodeOverrides::chunked_state_columns / _buffers /
+// chunked_overlap): 16 and 32 value columns, one and two W / Kd buffers, the output kernel after
+// the state pass or overlapped with it, both scratch types, with and without row factors.
+TEST(CudaChunkedForward, StatePassShapes) {
+  REQUIRE_GPU();
+  for (int bv : {16, 32})
+    for (int nbuf : {1, 2})
+      for (int overlap : {1, 2})
+        for (DType dtype : {DType::bf16, DType::f32}) {
+          Case c = base_case(1, 64 * 6 + 9, 2, 4, 128, dtype);
+          c.mask = nbuf == 1;  // bf16: stored Qs / Kd with the mask, row factors without
+          DecodeOverrides o;
+          o.chunked_state_columns = bv;
+          o.chunked_state_buffers = nbuf;
+          o.chunked_overlap = overlap;
+          check_chunked("state pass shapes", c, bv == 16, -1, o);
+        }
 }
 
 TEST(CudaChunkedForward, LongSequence) {

@@ -1,8 +1,14 @@
 // Shared pieces of the chunked forward (chunked_forward.cu): the kernel arguments, element
 // loads/stores by run-time dtype, the fused element-wise options (docs/operator.md §1; the same
-// formulas as src/cpu/canonical.cpp), the (sequence, chunk) map of a chunk slot, and a warp-level
-// tensor-core tile product on fp32 operands (mma.sync m16n8k8 tf32: one product per operand pair,
-// or three (hi*hi + hi*lo + lo*hi) for fp32 inputs).
+// formulas as src/cpu/canonical.cpp), the (sequence, chunk) map of a chunk slot, and warp-level
+// tensor-core tile products: on fp32 operands (mma.sync m16n8k8 tf32: one product per operand
+// pair, or three (hi*hi + hi*lo + lo*hi) for fp32 inputs), and on bf16 operands (mma.sync
+// m16n8k16: one product where both operands are bf16 data, two where the second is fp32 data
+// split into bf16 hi + lo, src/cuda/common/mma_bf16.cuh).
+//
+// Scratch element type St: float for fp32 inputs (the 3xTF32 path), __nv_bfloat16 for f16 and
+// bf16 inputs (W, U / Vnew, Qs, Kd, P rounded once to bf16, as FLA stores them; the state and the
+// chunk states stay fp32).
 //
 // Chunk slots: slot s holds chunk c of sequence n, s = c0(n) + c with c0(n) = sum_{m<n}
 // ceil(L_m / C); without varlen c0(n) = n ceil(T / C). Under varlen c0 is built on the device
@@ -16,6 +22,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/mma_bf16.cuh"
 #include "cuda/common/mma_tf32.cuh"
 #include "cuda/common/sequences.cuh"
 
@@ -50,6 +57,10 @@ struct ChunkArgs {
   // state pass, read by the output kernel. states_vec: 16-byte aligned rows (16-byte copies).
   float* saved;
   std::int64_t saved_s0, saved_s1;
+  // 16-bit inputs without ForwardParams::saved: the chunk states in bf16 scratch instead (same
+  // layout and strides as `saved`, which is then null), read only by the output kernel's
+  // inter-chunk term (the state the pass carries stays fp32).
+  __nv_bfloat16* states16;
   bool states_vec;
   std::int64_t B, T, N;
   std::int64_t slots;  // chunk slots (grid of the chunk kernel)
@@ -58,16 +69,45 @@ struct ChunkArgs {
   float scale, eps;
   int in_dtype, g_dtype, beta_dtype, cu_dtype;
   bool varlen, per_key, v_first, gate_in_kernel, beta_sigmoid, qk_l2norm;
-  // Scratch (fp32), per (slot, value head) p = slot * Hv + h: W [C, Dk], U [C, Dv] (overwritten
-  // by Vnew in the state pass), Qs [C, Dk], Kd [C, Dk], P [C, C] at p * C * width; gn [Dk] or
-  // [1] at p * (per_key ? Dk : 1).
+  // Scratch, per (slot, value head) p = slot * Hv + h, elements of the scratch type St (float
+  // for fp32 inputs, bf16 for f16 / bf16 inputs): W [C, Dk], U [C, Dv] (overwritten by Vnew in
+  // the state pass), Qs [C, Dk], Kd [C, Dk], P [C, C] at p * C * width; fp32 gn [Dk] or [1] at
+  // p * (per_key ? Dk : 1).
   std::int64_t* chunk_off;  // varlen: [N + 1]
-  float* W;
-  float* U;
-  float* Qs;
-  float* Kd;
-  float* P;
+  void* W;
+  void* U;
+  void* Qs;
+  void* Kd;
+  void* P;
   float* gn;
+  // Row factors (row_factors: scalar gate, bf16 inputs without a mask, q and k rows 16-byte
+  // aligned): Qs and Kd are not stored; the kernels that need them read q, k (bf16) and use
+  // Qs = diag(fq) q, Kd = diag(fk) k with fq_r = scale e^{G_r} / |q_r|, fk_r = e^{G_n - G_r} /
+  // |k_r| (norms only with qk_l2norm; both 0 on rows past the chunk), fp32 [C] each per (slot,
+  // head).
+  bool row_factors;
+  float* fq;
+  float* fk;
+  // Segment split of the state pass (seg_chunks > 0; docs/cuda-chunked.md §Segments): sequence n
+  // has nseg(n) = max(1, ceil(chunks(n) / seg_chunks)) segments of seg_chunks chunks (the last
+  // shorter) at segment slots s0(n) .. s0(n) + nseg(n) - 1, s0(n) = sum_{m<n} nseg(m) (varlen:
+  // seg_off [N + 1] built by chunk_table_kernel; else n nseg_fixed). seg_slots bounds the slots
+  // (the grids). segmap [seg_slots, Hv, Dk, Dv + Dk]: a segment's end state from a zero start
+  // (R, columns < Dv) and its transition from the identity (M, columns Dv ..): S_end = M S_start
+  // + R. segstart [seg_slots, Hv, Dk, Dv]: the true start state of each segment but the first.
+  // Overlap of the output kernel with the state pass (unsplit pass only): progress [N, Hv,
+  // Dv / state_bv] counts the chunks each state-pass block has finished (its chunk-state rows and
+  // Vnew written; zeroed before the pass, published with release semantics); the output kernel,
+  // a programmatic dependent launch of the state pass, waits (acquire) until its chunk is done.
+  // Null: the output kernel runs after the state pass.
+  int* progress;
+  int* progress_buf;  // scratch for progress, [N, Hv, Dv / 16] ints (the host's choice)
+  int state_bv;
+  int seg_chunks;
+  std::int64_t seg_slots, nseg_fixed;
+  std::int64_t* seg_off;
+  float* segmap;
+  float* segstart;
 };
 
 // DType codes (include/gdr/types.h): f32 0, f16 1, bf16 2.
@@ -143,33 +183,142 @@ __device__ __forceinline__ bool slot_sequence(const ChunkArgs& a, std::int64_t s
   return true;
 }
 
+// Segment slot x -> sequence n, its segment j, the segment count of n and its first slot
+// (false: a surplus slot of the bound seg_slots).
+__device__ __forceinline__ bool segment_of(const ChunkArgs& a, std::int64_t x, std::int64_t& n,
+                                           std::int64_t& j, std::int64_t& nseg,
+                                           std::int64_t& first) {
+  if (!a.varlen) {
+    nseg = a.nseg_fixed;
+    n = x / nseg;
+    if (n >= a.N) return false;
+    first = n * nseg;
+    j = x - first;
+    return true;
+  }
+  if (x >= a.seg_off[a.N]) return false;
+  std::int64_t lo = 0, hi = a.N;  // largest n with seg_off[n] <= x
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi + 1) / 2;
+    if (a.seg_off[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  n = lo;
+  first = a.seg_off[n];
+  nseg = a.seg_off[n + 1] - first;
+  j = x - first;
+  return true;
+}
+
+// Release / acquire of a progress counter at GPU scope (after a block barrier, the releasing
+// thread's fence orders every thread's earlier writes of the block: CUTLASS's generic barrier).
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("fence.acq_rel.gpu;\n\tst.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v)
+               : "memory");
+}
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Programmatic dependent launch (sm_90): let the dependent grid launch / wait until the grids
+// this one depends on have completed and their memory is visible.
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void wait_prior_grids() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 // cp.async: wait until at most N of this thread's committed groups are pending; 4-byte copy.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src is not read then).
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(detail::smem_addr(dst)),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(detail::smem_addr(dst)), "l"(src)
                : "memory");
 }
 
-// Issues cp.async copies of `rows` rows of `width` floats (row stride src_ld floats in global
+// Issues cp.async copies of `rows` rows of `width` elements (row stride src_ld elements in global
 // memory) into shared rows of stride ld; vec: 16-byte copies (both sides 16-byte aligned), else
-// 4-byte. Completion: cp_async_wait + a barrier.
-__device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, std::int64_t src_ld,
+// 4-byte (4-byte elements only: 16-bit scratch rows are always 16-byte aligned). Completion:
+// cp_async_wait + a barrier.
+template <class E>
+__device__ __forceinline__ void copy_rows(E* dst, int ld, const E* src, std::int64_t src_ld,
                                           int rows, int width, bool vec = true) {
-  if (vec) {
-    const int w4 = width / 4;
-    for (int e = threadIdx.x; e < rows * w4; e += blockDim.x) {
-      const int r = e / w4, i = e - r * w4;
-      detail::cp_async16(dst + r * ld + 4 * i, src + r * src_ld + 4 * i);
-    }
-  } else {
-    for (int e = threadIdx.x; e < rows * width; e += blockDim.x) {
-      const int r = e / width, i = e - r * width;
-      cp_async4(dst + r * ld + i, src + r * src_ld + i);
+  if constexpr (sizeof(E) == 4) {
+    if (!vec) {
+      for (int e = threadIdx.x; e < rows * width; e += blockDim.x) {
+        const int r = e / width, i = e - r * width;
+        cp_async4(dst + r * ld + i, src + r * src_ld + i);
+      }
+      return;
     }
   }
+  constexpr int per = 16 / static_cast<int>(sizeof(E));
+  const int wv = width / per;
+  for (int e = threadIdx.x; e < rows * wv; e += blockDim.x) {
+    const int r = e / wv, i = e - r * wv;
+    detail::cp_async16(dst + r * ld + per * i, src + r * src_ld + per * i);
+  }
+}
+
+// cp.async copies of C rows of a 16-bit token input (q or k of key head hk: Dk elements per row,
+// rows t0 .. t0 + len - 1 of batch row b) into shared rows of stride ld; rows >= len are zeros.
+// Needs 16-byte aligned rows (ChunkArgs::row_factors).
+__device__ __forceinline__ void copy_token_rows(__nv_bfloat16* dst, int ld, const void* src,
+                                                std::int64_t sb, std::int64_t st, std::int64_t sh,
+                                                std::int64_t b, std::int64_t t0, int hk, int len,
+                                                int Dk) {
+  const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(src) + b * sb + hk * sh;
+  const int wv = Dk / 8;
+  for (int e = threadIdx.x; e < kC * wv; e += blockDim.x) {
+    const int r = e / wv, i = e - r * wv;
+    const bool valid = r < len;
+    cp_async16_zfill(dst + r * ld + 8 * i, valid ? base + (t0 + r) * st + 8 * i : base, valid);
+  }
+}
+
+// Scratch elements: St is float (fp32 inputs) or __nv_bfloat16 (16-bit inputs).
+template <class St>
+inline constexpr bool kX3 = sizeof(St) == 4;  // fp32 scratch: the 3xTF32 products
+template <class St>
+__device__ __forceinline__ St to_scratch(float x) {
+  if constexpr (sizeof(St) == 4)
+    return x;
+  else
+    return __float2bfloat16_rn(x);
+}
+template <class St>
+__device__ __forceinline__ float from_scratch(St x) {
+  if constexpr (sizeof(St) == 4)
+    return x;
+  else
+    return __bfloat162float(x);
+}
+// p[0] = x, p[1] = y (p 2-element aligned).
+template <class St>
+__device__ __forceinline__ void store_pair(St* p, float x, float y) {
+  if constexpr (sizeof(St) == 4)
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+  else
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+// The packed bf16 pair (p[0], p[1]) (p 2-element aligned), and (p[0], p[ld]) (a column pair).
+__device__ __forceinline__ std::uint32_t load_pair(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
+}
+__device__ __forceinline__ std::uint32_t load_col_pair(const __nv_bfloat16* p, int ld) {
+  return detail::pack_bf16(p[0], p[ld]);
 }
 
 // x rounded to tf32 (nearest, ties away), as the products' single-pass operands.
@@ -208,6 +357,43 @@ __device__ __forceinline__ void mma_tile(float (&acc)[NT][4], int K, FA a, FB b)
         detail::mma_tf32(acc[nt], av, to_tf32(b(k0 + c, 8 * nt + g)),
                          to_tf32(b(k0 + c + 4, 8 * nt + g)));
     }
+  }
+}
+
+// acc[nt] += A[16 x K] B[K x 8 NT] for one warp on bf16 operands (mma.sync m16n8k16, fp32
+// accumulation), K a multiple of 16. A is bf16 data: a2(i, k) returns the packed pair A(i, k),
+// A(i, k + 1) (k even). SplitB: B is fp32 data, b(k, j) returns B(k, j) as a float, split into
+// bf16 hi + lo (two products; ~2^-17 relative, mma_bf16.cuh); else B is bf16 data and b(k, j)
+// returns the packed pair B(k, j), B(k + 1, j) (one product, exact operands). acc as mma_tile.
+// The lo products accumulate apart from the hi ones (added at the end): 2 NT independent
+// accumulator chains instead of NT, half the dependent-mma depth (the state pass is latency-bound).
+template <int NT, bool SplitB, class FA, class FB>
+__device__ __forceinline__ void mma_tile_bf16(float (&acc)[NT][4], int K, FA a2, FB b) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  float lo[NT][4] = {};
+#pragma unroll 2
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    const int k = k0 + 2 * c;
+    const uint4 av = make_uint4(a2(g, k), a2(g + 8, k), a2(g, k + 8), a2(g + 8, k + 8));
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int j = 8 * nt + g;
+      if constexpr (SplitB) {
+        std::uint32_t h0, l0, h1, l1;
+        detail::split_bf16(b(k, j), b(k + 1, j), h0, l0);
+        detail::split_bf16(b(k + 8, j), b(k + 9, j), h1, l1);
+        detail::mma_bf16(lo[nt], av, l0, l1);
+        detail::mma_bf16(acc[nt], av, h0, h1);
+      } else {
+        detail::mma_bf16(acc[nt], av, b(k, j), b(k + 8, j));
+      }
+    }
+  }
+  if constexpr (SplitB) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] += lo[nt][e];
   }
 }
 

@@ -2,18 +2,23 @@
 // design in docs/cuda-chunked.md): gdr::cuda::chunked_forward. No host synchronisation and no
 // device-to-host copy: the scratch comes from cudaMallocAsync on the call's stream and cu_seqlens
 // is read on the device only (chunk_table_kernel), so a call can be captured in a CUDA graph.
-//   scratch per chunk slot and value head: (3 Dk + Dv + C) C + (Dk or 1) floats, plus Dk Dv
-//   floats of chunk state unless ForwardParams::saved holds them, plus N + 1 int64 chunk offsets
-//   under varlen.
+//   scratch per chunk slot and value head: (3 Dk + Dv + C) C elements of the scratch type St
+//   (fp32 for fp32 inputs, bf16 for f16 / bf16 inputs; (Dk + Dv + C) C with row factors, which
+//   add 2 C floats), (Dk or 1) fp32 gn, plus Dk Dv elements of St of chunk state unless
+//   ForwardParams::saved holds them (fp32), plus N + 1 int64 chunk offsets under varlen. At
+//   Dk = Dv = 128, bf16, row factors: 0.64 KB + 0.5 KB per token and value head.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 #include <string>
 
+#include "core/heuristics.h"
 #include "cuda/chunked/chunked_kernels.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/paths.h"
+#include "gdr/decode_overrides.h"
 
 namespace gdr::cuda {
 namespace {
@@ -22,9 +27,9 @@ using chunked::ChunkArgs;
 using chunked::kC;
 using chunked::kThreads;
 
-template <bool PerKey, bool X3>
+template <bool PerKey, class St>
 void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::chunk_prep_kernel<PerKey, X3>;
+  const auto kernel = chunked::chunk_prep_kernel<PerKey, St>;
   const std::size_t smem = chunked::prep_smem_bytes(a.Dk, a.Dv, PerKey);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv)), kThreads, smem,
@@ -32,28 +37,103 @@ void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char
   check(cudaGetLastError(), op, "chunk_prep_kernel launch");
 }
 
-template <int BV, bool X3>
-void launch_state(const ChunkArgs& a, int nbuf, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::state_pass_kernel<BV, X3>;
-  const std::size_t smem = chunked::state_smem_bytes(a.Dk, BV, nbuf);
+// mode 0: grid (N, Hv, Dv / BV); segment split: mode 1 (maps) grid (seg_slots, Hv, (Dv + Dk) /
+// BV), mode 2 (segments) grid (seg_slots, Hv, Dv / BV).
+template <int BV, class St>
+void launch_state(const ChunkArgs& a, int nbuf, int mode, int device, cudaStream_t stream,
+                  const char* op) {
+  const auto kernel = chunked::state_pass_kernel<BV, St>;
+  const std::size_t smem = chunked::state_smem_bytes<St>(a.Dk, BV, nbuf);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  const std::int64_t x = mode == 0 ? a.N : a.seg_slots;
+  const int cols = mode == 1 ? a.Dv + a.Dk : a.Dv;
+  kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(cols / BV)),
+           kThreads, smem, stream>>>(a, nbuf, mode);
+  check(cudaGetLastError(), op, "state_pass_kernel launch");
+}
+
+void launch_combine(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::segment_combine_kernel;
+  const std::size_t smem = chunked::combine_smem_bytes(a.Dk);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
-                static_cast<unsigned>(a.Dv / BV)),
-           kThreads, smem, stream>>>(a, nbuf);
-  check(cudaGetLastError(), op, "state_pass_kernel launch");
+                static_cast<unsigned>(a.Dv / chunked::kCombineBV)),
+           kThreads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "segment_combine_kernel launch");
 }
 
 constexpr int kOutBV = 64;  // value columns per block of the output kernel
 
-template <bool X3>
+// Grid: slots Hv (Dv / 64) blocks in one dimension (chunk-major); with a.progress a programmatic
+// dependent launch of the state pass (the overlap).
+template <class St, bool S16>
 void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::chunk_output_kernel<kOutBV, X3>;
-  const std::size_t smem = chunked::output_smem_bytes(a.Dk, kOutBV);
+  const auto kernel = chunked::chunk_output_kernel<kOutBV, St, S16>;
+  const std::size_t smem = chunked::output_smem_bytes<St, S16>(a.Dk, kOutBV);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
-  kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv),
-                static_cast<unsigned>(a.Dv / kOutBV)),
-           kThreads, smem, stream>>>(a);
+  const std::int64_t blocks = a.slots * a.Hv * (a.Dv / kOutBV);
+  if (blocks > INT_MAX) refuse(op, "too many chunks for one call");
+  launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, smem, stream,
+                a.progress != nullptr, a);
   check(cudaGetLastError(), op, "chunk_output_kernel launch");
+}
+
+// Prep, state pass and output kernels with scratch elements St.
+template <class St>
+void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced, int sms,
+                 int smem_optin, int dev, cudaStream_t stream, const char* op) {
+  if (a.slots > 0) {
+    if (a.per_key)
+      launch_prep<true, St>(a, dev, stream, op);
+    else
+      launch_prep<false, St>(a, dev, stream, op);
+  }
+  // Two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit in one
+  // wave and the shared memory allows, else one.
+  auto buffers = [&](std::int64_t blocks, int bv) {
+    const bool fit2 =
+        chunked::state_smem_bytes<St>(a.Dk, bv, 2) <= static_cast<std::size_t>(smem_optin);
+    if (forced.chunked_state_buffers == 1 || forced.chunked_state_buffers == 2)
+      return fit2 ? forced.chunked_state_buffers : 1;
+    return blocks <= sms && fit2 ? 2 : 1;
+  };
+  if (a.seg_chunks > 0) {
+    // Segment split (heuristics::cuda_chunked_segment_chunks: only where the unsplit pass would
+    // leave most SMs idle): maps, the sequential combine, the segments; 16 value columns.
+    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * (prob.Dv + prob.Dk) / 16, 16), 1, dev,
+                         stream, op);
+    launch_combine(a, dev, stream, op);
+    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * prob.Dv / 16, 16), 2, dev, stream, op);
+  } else {
+    // 32 value columns per block, 16 when 32 would leave more than half the SMs idle.
+    const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
+    int bv = 2 * blocks32 <= sms ? 16 : 32;
+    if (forced.chunked_state_columns == 16 || forced.chunked_state_columns == 32)
+      bv = forced.chunked_state_columns;
+    const int nbuf = buffers(blocks32 * (32 / bv), bv);
+    // Overlap of the output kernel with this pass (src/cuda/chunked/chunked_kernels.cuh): on by
+    // rule where the output kernel reads the chunk states with 16-byte copies (cp.async.cg, L2:
+    // never a stale L1 line) and there are chunks.
+    const bool cg_states = a.states16 != nullptr || a.states_vec;
+    if (forced.chunked_overlap != 1 && cg_states && a.slots > 0 && a.progress_buf) {
+      a.progress = a.progress_buf;
+      a.state_bv = bv;
+      check(cudaMemsetAsync(a.progress, 0, sizeof(int) * prob.N * prob.Hv * (prob.Dv / bv), stream),
+            op, "cudaMemsetAsync(progress)");
+    }
+    if (bv == 16)
+      launch_state<16, St>(a, nbuf, 0, dev, stream, op);
+    else
+      launch_state<32, St>(a, nbuf, 0, dev, stream, op);
+  }
+  if (a.slots > 0) {
+    if constexpr (chunked::kX3<St>)
+      launch_output<St, false>(a, dev, stream, op);
+    else
+      a.states16 ? launch_output<St, true>(a, dev, stream, op)
+                 : launch_output<St, false>(a, dev, stream, op);
+  }
 }
 
 }  // namespace
@@ -120,72 +200,107 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     a.slots = prob.B * a.nc;
   }
   if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
-
-  // Scratch: W, U, Qs, Kd, P, the chunk states unless `saved` holds them, gn, chunk offsets.
-  const std::int64_t items = a.slots * prob.Hv;
-  const bool own_states = !p.saved.defined();
-  const std::int64_t floats =
-      items * (kC * (3 * prob.Dk + prob.Dv + kC) + (a.per_key ? prob.Dk : 1) +
-               (own_states ? prob.Dk * prob.Dv : 0));
-  const std::int64_t bytes = floats * 4 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 256;
-  void* scratch = nullptr;
-  check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
-  float* f = static_cast<float*>(scratch);
-  a.W = f, f += items * kC * prob.Dk;
-  a.U = f, f += items * kC * prob.Dv;
-  a.Qs = f, f += items * kC * prob.Dk;
-  a.Kd = f, f += items * kC * prob.Dk;
-  a.P = f, f += items * kC * kC;
-  if (own_states) {  // 16-byte aligned: every region before it is a multiple of 4 floats
-    a.saved = f, f += items * prob.Dk * prob.Dv;
-    a.saved_s0 = prob.Hv * prob.Dk * prob.Dv, a.saved_s1 = prob.Dk * prob.Dv;
-  } else {
-    a.saved = static_cast<float*>(p.saved.data);
-    a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
-  }
-  a.gn = f, f += items * (a.per_key ? prob.Dk : 1);
-  a.states_vec = reinterpret_cast<std::uintptr_t>(a.saved) % 16 == 0 && a.saved_s0 % 4 == 0 &&
-                 a.saved_s1 % 4 == 0;
-  a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(f) + 15) &
-                                                ~static_cast<std::uintptr_t>(15));
-
-  const bool x3 = prob.dtype == DType::f32;
   const int dev = prob.device_index;
   const int sms = sm_count(dev, op);
   int smem_optin = 0;
   check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op,
         "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+
+  // Segment split of the state pass: chunks per segment from the rule, or the override (tests).
+  static const DecodeOverrides kRules{};
+  const DecodeOverrides& overrides = config.decode_overrides ? *config.decode_overrides : kRules;
+  {
+    const int forced = overrides.chunked_segments;
+    std::int64_t cs =
+        heuristics::cuda_chunked_segment_chunks(prob.N, prob.Hv, prob.Dk, prob.Dv, a.slots, sms);
+    if (forced > 0) cs = forced;
+    if (forced < 0) cs = 0;
+    if (cs > 0 && a.slots > 0) {
+      a.seg_chunks = static_cast<int>(cs);
+      if (prob.varlen) {
+        a.seg_slots = prob.N + a.slots / cs;  // >= sum_n max(1, ceil(chunks(n) / cs))
+      } else {
+        a.nseg_fixed = a.nc > 0 ? (a.nc + cs - 1) / cs : 1;
+        a.seg_slots = prob.N * a.nseg_fixed;
+      }
+      if (a.seg_slots > INT_MAX) a.seg_chunks = 0, a.seg_slots = 0, a.nseg_fixed = 0;
+    }
+  }
+
+  // Scratch: W, U, Qs, Kd, P (St), the chunk states unless `saved` holds them, gn (fp32),
+  // chunk offsets. Every region is a multiple of 16 bytes (C = 64 rows of Dk, Dv, C elements).
+  const bool x3 = prob.dtype == DType::f32;
+  const std::int64_t esize = x3 ? 4 : 2;
+  const std::int64_t items = a.slots * prob.Hv;
+  const bool own_states = !p.saved.defined();
+  // Row factors instead of Qs and Kd: scalar gate, bf16 inputs, no mask (rows past a chunk are
+  // the only zero rows), q and k rows 16-byte aligned for cp.async.
+  auto rows16 = [](const TensorView& t) {
+    return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 8 == 0 &&
+           t.stride[1] % 8 == 0 && t.stride[2] % 8 == 0;
+  };
+  a.row_factors =
+      !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() && rows16(in.q) && rows16(in.k);
+  const std::int64_t st_elems = items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
+                                         (own_states ? prob.Dk * prob.Dv : 0));
+  const std::int64_t floats = items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));
+  // Progress counters of the overlap (unsplit pass): [N, Hv, Dv / 16] ints at most.
+  const std::int64_t progress_ints = a.seg_chunks > 0 ? 0 : prob.N * prob.Hv * (prob.Dv / 16);
+  const std::int64_t seg_floats =
+      a.seg_chunks > 0 ? a.seg_slots * prob.Hv * prob.Dk * (2 * prob.Dv + prob.Dk) : 0;
+  const std::int64_t bytes = st_elems * esize + (floats + seg_floats + progress_ints) * 4 +
+                             (prob.varlen ? 2 * (prob.N + 1) * 8 : 0) + 256;
+  void* scratch = nullptr;
+  check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
+  char* b = static_cast<char*>(scratch);
+  auto take = [&](std::int64_t elems, std::int64_t size) {
+    void* r = b;
+    b += elems * size;
+    return r;
+  };
+  a.W = take(items * kC * prob.Dk, esize);
+  a.U = take(items * kC * prob.Dv, esize);
+  if (!a.row_factors) {
+    a.Qs = take(items * kC * prob.Dk, esize);
+    a.Kd = take(items * kC * prob.Dk, esize);
+  }
+  a.P = take(items * kC * kC, esize);
+  if (own_states) {  // 16-byte aligned: every region before it is a multiple of 16 bytes
+    // Only the output kernel reads them: bf16 for 16-bit inputs (states16), else fp32.
+    void* rows = take(items * prob.Dk * prob.Dv, x3 ? 4 : 2);
+    if (x3)
+      a.saved = static_cast<float*>(rows);
+    else
+      a.states16 = static_cast<__nv_bfloat16*>(rows);
+    a.saved_s0 = prob.Hv * prob.Dk * prob.Dv, a.saved_s1 = prob.Dk * prob.Dv;
+  } else {
+    a.saved = static_cast<float*>(p.saved.data);
+    a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
+  }
+  if (a.row_factors) {
+    a.fq = static_cast<float*>(take(items * kC, 4));
+    a.fk = static_cast<float*>(take(items * kC, 4));
+  }
+  if (a.seg_chunks > 0) {
+    a.segmap = static_cast<float*>(take(a.seg_slots * prob.Hv * prob.Dk * (prob.Dv + prob.Dk), 4));
+    a.segstart = static_cast<float*>(take(a.seg_slots * prob.Hv * prob.Dk * prob.Dv, 4));
+  }
+  if (progress_ints > 0) a.progress_buf = static_cast<int*>(take(progress_ints, 4));
+  a.gn = static_cast<float*>(take(items * (a.per_key ? prob.Dk : 1), 4));
+  a.states_vec = reinterpret_cast<std::uintptr_t>(a.saved) % 16 == 0 && a.saved_s0 % 4 == 0 &&
+                 a.saved_s1 % 4 == 0;
+  a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(b) + 15) &
+                                                ~static_cast<std::uintptr_t>(15));
+  if (prob.varlen && a.seg_chunks > 0) a.seg_off = a.chunk_off + prob.N + 1;
   try {
     if (prob.varlen) {
       chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
       check(cudaGetLastError(), op, "chunk_table_kernel launch");
     }
-    if (a.slots > 0) {
-      if (a.per_key)
-        x3 ? launch_prep<true, true>(a, dev, stream, op)
-           : launch_prep<true, false>(a, dev, stream, op);
-      else
-        x3 ? launch_prep<false, true>(a, dev, stream, op)
-           : launch_prep<false, false>(a, dev, stream, op);
-    }
-    // State pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
-    // idle; two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit
-    // in one wave and the shared memory allows, else one (two blocks per SM at Dk <= 128).
-    const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
-    const int bv = 2 * blocks32 <= sms ? 16 : 32;
-    const std::int64_t blocks = blocks32 * (32 / bv);
-    const int nbuf = blocks <= sms && chunked::state_smem_bytes(a.Dk, bv, 2) <=
-                                          static_cast<std::size_t>(smem_optin)
-                         ? 2
-                         : 1;
-    if (bv == 16)
-      x3 ? launch_state<16, true>(a, nbuf, dev, stream, op)
-         : launch_state<16, false>(a, nbuf, dev, stream, op);
+    if (x3)
+      run_kernels<float>(a, prob, overrides, sms, smem_optin, dev, stream, op);
     else
-      x3 ? launch_state<32, true>(a, nbuf, dev, stream, op)
-         : launch_state<32, false>(a, nbuf, dev, stream, op);
-    if (a.slots > 0)
-      x3 ? launch_output<true>(a, dev, stream, op) : launch_output<false>(a, dev, stream, op);
+      run_kernels<__nv_bfloat16>(a, prob, overrides, sms, smem_optin, dev, stream, op);
   } catch (...) {
     (void)cudaFreeAsync(scratch, stream);
     throw;

@@ -1,6 +1,7 @@
 // Kernels of the chunked forward (docs/operator.md §3, C = 64; docs/cuda-chunked.md).
 //
-// chunk_table_kernel (varlen only, one block): chunk_off[n] = sum_{m<n} ceil(L_m / C).
+// chunk_table_kernel (varlen only, one block): chunk_off[n] = sum_{m<n} ceil(L_m / C) (and the
+// segment slots seg_off under a segment split).
 //
 // chunk_prep_kernel, grid (chunk slots, Hv), 256 threads: per chunk of n <= 64 tokens and value
 // head h (key head h / group), rows past n and masked rows zero (identity steps: g = beta = 0, q,
@@ -10,7 +11,8 @@
 //   W    = Tinv (beta e^G .* K)                        [C, Dk] -> scratch
 //   U    = Tinv (beta .* V)                            [C, Dv] -> scratch
 //   P    = scale lower(Gam .* Q K^T)  (diagonal kept)  [C, C]  -> scratch
-//   Qs   = scale e^G .* Q,  Kd = e^{G_n - G} .* K      [C, Dk] -> scratch
+//   Qs   = scale e^G .* Q,  Kd = e^{G_n - G} .* K      [C, Dk] -> scratch, or with row factors
+//          (scalar gate, bf16, no mask) fq = scale e^G / |q|, fk = e^{G_n - G} / |k|  [C] each
 //   gn   = e^{G_n}                                      [1] or [Dk] -> scratch
 // Scalar gate: Gam[r, j] = e^{G_r - G_j}; the products K K^T, Q K^T on the tensor cores. Per-key
 // gate: sum_i X[r, i] K[j, i] e^{G_r[i] - G_j[i]} elementwise (exact; a warp per (r, j) pair).
@@ -21,11 +23,17 @@
 //   S -> chunk-state row (slot, h);  Vnew = U - W S -> U's place in scratch;
 //   S <- diag(gn) S + Kd^T Vnew
 // from h0 (or zeros) to final_state; the next chunk's W, U, Kd are copied (cp.async) while the
-// current one computes.
+// current one computes. With row factors Kd^T Vnew = k^T (diag(fk) Vnew) on the k rows (input).
 //
 // chunk_output_kernel, grid (chunk slots, Hv, Dv / 64), 256 threads, independent chunks:
-//   O = Qs S + P Vnew -> o (rows < n), S the chunk-state row (the state entering the chunk).
-// All products on the tensor cores (tf32 m16n8k8; three products per pair for fp32 inputs).
+//   O = Qs S + P Vnew -> o (rows < n), S the chunk-state row (the state entering the chunk);
+//   with row factors Qs S = diag(fq) (q S) on the q rows (input).
+// Scratch elements St: fp32 for fp32 inputs, bf16 for f16 / bf16 inputs (W, U / Vnew, Qs, Kd, P
+// rounded once to bf16 when written; gn, the state and the chunk states stay fp32). All products
+// on the tensor cores: fp32 inputs 3xTF32 (m16n8k8, three products per pair, ~fp32 accuracy);
+// 16-bit inputs: prep's products single tf32 on fp32 shared-memory operands, the state pass's and
+// the output kernel's m16n8k16 bf16 (one product where both operands are bf16 scratch, two where
+// one is the fp32 state or Vnew, split into bf16 hi + lo: src/cuda/common/mma_bf16.cuh).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -40,19 +48,24 @@ inline constexpr int kLoads = 8;  // global loads in flight per thread (prep ker
 __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
   using Scan = cub::BlockScan<std::int64_t, 1024>;
   __shared__ typename Scan::TempStorage temp;
-  __shared__ std::int64_t carry;
+  __shared__ std::int64_t carry, seg_carry;
   if (threadIdx.x == 0) {
-    carry = 0;
+    carry = seg_carry = 0;
     a.chunk_off[0] = 0;
+    if (a.seg_chunks > 0) a.seg_off[0] = 0;
   }
   __syncthreads();
   for (std::int64_t base = 0; base < a.N; base += 1024) {
     const std::int64_t n = base + threadIdx.x;
-    std::int64_t count = 0;
+    std::int64_t count = 0, segs = 0;
     if (n < a.N) {
       std::int64_t bos, eos;
       seq_bounds(a, n, bos, eos);
       count = (eos - bos + kC - 1) / kC;
+      if (a.seg_chunks > 0) {
+        segs = (count + a.seg_chunks - 1) / a.seg_chunks;
+        if (segs < 1) segs = 1;
+      }
     }
     std::int64_t incl, total;
     Scan(temp).InclusiveSum(count, incl, total);
@@ -62,19 +75,30 @@ __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
     }
     __syncthreads();
     if (threadIdx.x == 0) carry += total;
+    if (a.seg_chunks > 0) {  // segment slots (segment_of): max(1, ceil(chunks / seg_chunks)) each
+      Scan(temp).InclusiveSum(segs, incl, total);
+      if (n < a.N) {
+        const std::int64_t off = seg_carry + incl;
+        a.seg_off[n + 1] = off < a.seg_slots ? off : a.seg_slots;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) seg_carry += total;
+    }
     __syncthreads();
   }
 }
 
 // Shared memory of chunk_prep_kernel, in floats: sK, sQ [C][ld] (ld = max(Dk, Dv) + 4), sG
-// [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C].
+// [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C], the inverse norms of q and k [C]
+// each (1 without qk_l2norm).
 inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key) {
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
-  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 2 * kC);
+  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 4 * kC);
 }
 
-template <bool PerKey, bool X3>
+template <bool PerKey, class St>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
+  constexpr bool X3 = kX3<St>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
@@ -86,6 +110,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   float* sA = sG + (PerKey ? kC * Dk : kC);
   float* sBeta = sA + kC * ldA;
   float* sValid = sBeta + kC;
+  float* sNq = sValid + kC;
+  float* sNk = sNq + kC;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const std::int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
@@ -94,8 +120,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   // (sequence, chunk) of this slot; surplus slots (varlen) zero their chunk-state rows.
   std::int64_t n = 0;
   if (!slot_sequence(a, slot, n)) {
-    float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
-    for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
+    if (a.saved) {
+      float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
+      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
+    }
     return;
   }
   const SeqInfo seq = seq_info(a, n);
@@ -108,6 +136,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     bool valid = tid < len;
     if (valid && a.mask) valid = a.mask[seq.b * a.mask_sb + (t0 + tid) * a.mask_st] != 0;
     sValid[tid] = valid ? 1.f : 0.f;
+    sNq[tid] = sNk[tid] = 1.f;
     float beta = 0.f;
     if (valid) {
       beta = load_as_float(a.beta, seq.b * a.beta_sb + (t0 + tid) * a.beta_st + h * a.beta_sh,
@@ -176,6 +205,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         sq += __shfl_xor_sync(0xffffffffu, sq, m);
       }
       const float ik = 1.f / sqrtf(sk + a.eps), iq = 1.f / sqrtf(sq + a.eps);
+      if (lane == 0) sNq[r] = iq, sNk[r] = ik;
       for (int i = lane; i < Dk; i += 32) {
         sK[r * ld + i] *= ik;
         sQ[r * ld + i] *= iq;
@@ -202,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   __syncthreads();
 
   const std::int64_t pidx = slot * a.Hv + h;
-  float* Pg = a.P + pidx * kC * kC;
+  St* Pg = static_cast<St*>(a.P) + pidx * kC * kC;
   const int lg = lane >> 2, lc = lane & 3;
   // A (shared) and P (scratch).
   if constexpr (!PerKey) {
@@ -221,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
         const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
         sA[r * ldA + j] = j < r ? sBeta[r] * gam * kk[nt][e] : 0.f;
-        Pg[r * kC + j] = a.scale * gam * qk[nt][e];
+        Pg[r * kC + j] = to_scratch<St>(a.scale * gam * qk[nt][e]);
       }
   } else {
     for (int pair = warp; pair < kC * kC; pair += kThreads / 32) {
@@ -241,24 +271,32 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       }
       if (lane == 0) {
         sA[r * ldA + j] = j < r ? sBeta[r] * kk : 0.f;
-        Pg[r * kC + j] = a.scale * qk;
+        Pg[r * kC + j] = to_scratch<St>(a.scale * qk);
       }
     }
   }
   __syncthreads();
-  // Qs, Kd, gn to scratch; sK <- beta e^G .* K (the right-hand side of W).
+  // Qs, Kd (or their row factors), gn to scratch; sK <- beta e^G .* K (the right-hand side of W).
   {
-    float* Qs = a.Qs + pidx * kC * Dk;
-    float* Kd = a.Kd + pidx * kC * Dk;
+    const bool rows = !PerKey && a.row_factors;  // Qs, Kd recomputed from q, k where used
+    St* Qs = rows ? nullptr : static_cast<St*>(a.Qs) + pidx * kC * Dk;
+    St* Kd = rows ? nullptr : static_cast<St*>(a.Kd) + pidx * kC * Dk;
     for (int e = tid; e < kC * Dk; e += kThreads) {
       const int r = e / Dk, i = e - r * Dk;
       const float G = PerKey ? sG[r * Dk + i] : sG[r];
       const float Gn = PerKey ? sG[(kC - 1) * Dk + i] : sG[kC - 1];
       const float eg = expf(G);
       const float kv = sK[r * ld + i];
-      Qs[e] = a.scale * eg * sQ[r * ld + i];
-      Kd[e] = expf(Gn - G) * kv;
+      if (!rows) {
+        Qs[e] = to_scratch<St>(a.scale * eg * sQ[r * ld + i]);
+        Kd[e] = to_scratch<St>(expf(Gn - G) * kv);
+      }
       sK[r * ld + i] = sBeta[r] * eg * kv;
+    }
+    if (rows && tid < kC) {  // Qs = diag(fq) q, Kd = diag(fk) k; 0 on rows past the chunk
+      const bool valid = sValid[tid] != 0.f;
+      a.fq[pidx * kC + tid] = valid ? a.scale * expf(sG[tid]) * sNq[tid] : 0.f;
+      a.fk[pidx * kC + tid] = valid ? expf(sG[kC - 1] - sG[tid]) * sNk[tid] : 0.f;
     }
     if constexpr (PerKey) {
       for (int i = tid; i < Dk; i += kThreads) a.gn[pidx * Dk + i] = expf(sG[(kC - 1) * Dk + i]);
@@ -290,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   __syncthreads();
   // W = Tinv (beta e^G .* K), then U = Tinv (beta .* V): tiles of 16 x 32 over the 8 warps.
   {
-    float* Wg = a.W + pidx * kC * Dk;
+    St* Wg = static_cast<St*>(a.W) + pidx * kC * Dk;
     const int tiles = 4 * (Dk / 32);
     for (int t = warp; t < tiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), c0 = 32 * (t >> 2);
@@ -301,9 +339,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int col = c0 + 8 * nt + 2 * lc;
-        *reinterpret_cast<float2*>(Wg + (r0 + lg) * Dk + col) = make_float2(acc[nt][0], acc[nt][1]);
-        *reinterpret_cast<float2*>(Wg + (r0 + lg + 8) * Dk + col) =
-            make_float2(acc[nt][2], acc[nt][3]);
+        store_pair(Wg + (r0 + lg) * Dk + col, acc[nt][0], acc[nt][1]);
+        store_pair(Wg + (r0 + lg + 8) * Dk + col, acc[nt][2], acc[nt][3]);
       }
     }
   }
@@ -328,7 +365,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   __syncthreads();
   {
-    float* Ug = a.U + pidx * kC * Dv;
+    St* Ug = static_cast<St*>(a.U) + pidx * kC * Dv;
     const int tiles = 4 * (Dv / 32);
     for (int t = warp; t < tiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), c0 = 32 * (t >> 2);
@@ -339,18 +376,31 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int col = c0 + 8 * nt + 2 * lc;
-        *reinterpret_cast<float2*>(Ug + (r0 + lg) * Dv + col) = make_float2(acc[nt][0], acc[nt][1]);
-        *reinterpret_cast<float2*>(Ug + (r0 + lg + 8) * Dv + col) =
-            make_float2(acc[nt][2], acc[nt][3]);
+        store_pair(Ug + (r0 + lg) * Dv + col, acc[nt][0], acc[nt][1]);
+        store_pair(Ug + (r0 + lg + 8) * Dv + col, acc[nt][2], acc[nt][3]);
       }
     }
   }
 }
 
-// Shared memory of state_pass_kernel, in floats: sS [Dk][BV + 8], nbuf W buffers and nbuf Kd
-// buffers [C][Dk + 4], two U buffers [C][BV + 8], gn [Dk].
-inline std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
-  return sizeof(float) * (Dk * (BV + 8) + 2 * nbuf * kC * (Dk + 4) + 2 * kC * (BV + 8) + Dk);
+// Row padding of St rows in shared memory (16 bytes: rows stay 16-byte aligned for cp.async and
+// the bf16 A-operand pair reads are conflict-free), and the row stride of fp32 [*, BV] tiles read
+// as B operands: BV + 8 for the tf32 fragments (k = c, c + 4), BV + 4 for the bf16 ones (k = 2c,
+// 2c + 1, 2c + 8, 2c + 9).
+template <class St>
+inline constexpr int kPad = 16 / static_cast<int>(sizeof(St));
+template <class St>
+constexpr int fp32_ld(int BV) {
+  return kX3<St> ? BV + 8 : BV + 4;
+}
+
+// Shared memory of state_pass_kernel, in bytes: fp32 sS [Dk][ldS], sV [C][ldS], gn [Dk], two fk
+// buffers [C]; St nbuf W buffers and nbuf Kd buffers [C][Dk + pad], two U buffers [C][BV + pad].
+template <class St>
+std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
+  const int ldS = fp32_ld<St>(BV), p = kPad<St>;
+  return sizeof(float) * (Dk * ldS + kC * ldS + Dk + 2 * kC) +
+         sizeof(St) * (2 * nbuf * kC * (Dk + p) + 2 * kC * (BV + p));
 }
 
 // Copies (cp.async) are in flight while the previous stage computes. Two W / Kd buffers (nbuf =
@@ -358,35 +408,84 @@ inline std::size_t state_smem_bytes(int Dk, int BV, int nbuf) {
 // (nbuf = 1): group A(c + 1) = W, U of chunk c + 1 issued once W S of chunk c is done, group
 // B(c + 1) = Kd of chunk c + 1 once the state update of chunk c is done; at the top of chunk c
 // the pending groups are A(c), B(c).
-template <int BV, bool X3>
-__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int nbuf) {
+// Products: fp32 scratch: 3xTF32. bf16 scratch: W S and Kd^T Vnew with W, Kd exact bf16 data and
+// S, Vnew (fp32, in shared memory) split into bf16 hi + lo (two m16n8k16 products, ~2^-17
+// relative, mma_bf16.cuh), so the state update adds no rounding beyond the stored W, U, Kd; Vnew
+// is rounded to bf16 only in the copy written for the output kernel. With row factors the Kd
+// buffers hold k rows (bf16 input) and Kd^T Vnew = k^T (diag(fk) Vnew): fk scales sV's rows.
+// mode 0: blockIdx.x = sequence, all its chunks from h0. Segment split (blockIdx.x = segment
+// slot, segment_of): mode 1, the segment's map: columns < Dv walk the segment from a zero start
+// (R), columns Dv .. Dv + Dk - 1 from the identity with U = 0 (M: the columns of a state evolve
+// independently, S -> (diag(gn) - Kd^T W) S + Kd^T U per chunk, so M's columns are the product of
+// the chunks' transitions), written to segmap; nothing else is written, and the last segment has
+// no map to compute. mode 2: the segment from its true start (h0 for the first, segstart else)
+// writes what mode 0 writes for its chunks, the final state from the last segment.
+template <int BV, class St>
+__global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int nbuf, int mode) {
+  constexpr bool X3 = kX3<St>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
-  constexpr int ldS = BV + 8, ldU = BV + 8;
-  const int ldX = Dk + 4;
+  constexpr int ldS = fp32_ld<St>(BV), ldU = BV + kPad<St>;
+  const int ldX = Dk + kPad<St>;
   const bool two = nbuf == 2;
   float* sS = smem;
-  float* sW = sS + Dk * ldS;
-  float* sKd = sW + nbuf * kC * ldX;
-  float* sU = sKd + nbuf * kC * ldX;
-  float* sgn = sU + 2 * kC * ldU;
+  float* sV = sS + Dk * ldS;
+  float* sgn = sV + kC * ldS;
+  float* sfk = sgn + Dk;
+  St* sW = reinterpret_cast<St*>(sfk + 2 * kC);
+  St* sKd = sW + nbuf * kC * ldX;
+  St* sU = sKd + nbuf * kC * ldX;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
-  const std::int64_t n = blockIdx.x;
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
+  std::int64_t n = blockIdx.x, segj = 0, nseg = 1;
+  const std::int64_t xseg = blockIdx.x;
+  if (mode != 0) {
+    std::int64_t first;
+    if (!segment_of(a, xseg, n, segj, nseg, first)) return;
+    if (mode == 1 && segj == nseg - 1) return;
+  }
   const SeqInfo seq = seq_info(a, n);
+  std::int64_t cb = 0, ce = seq.chunks;  // this block's chunks
+  if (mode != 0) {
+    cb = segj * a.seg_chunks;
+    ce = cb + a.seg_chunks < seq.chunks ? cb + a.seg_chunks : seq.chunks;
+    if (cb > ce) cb = ce;
+  }
+  const bool mcols = mode == 1 && col0 >= Dv;  // M columns: U = 0, identity start
+  const bool writes = mode != 1;               // chunk states, Vnew, the final state
+  // Overlap: the output kernel may launch once every block of this grid has started (so that
+  // its blocks, which wait on `progress`, never hold SMs a block of this pass still needs).
+  int* progress = nullptr;
+  if (mode == 0 && a.progress) {
+    launch_dependents();
+    progress = a.progress + (n * a.Hv + h) * (Dv / BV) + blockIdx.z;
+  }
+  const St* gW = static_cast<const St*>(a.W);
+  St* gU = static_cast<St*>(a.U);
+  const St* gKd = static_cast<const St*>(a.Kd);
   auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
   auto wbuf = [&](std::int64_t c) { return sW + (two ? int(c & 1) : 0) * kC * ldX; };
   auto kbuf = [&](std::int64_t c) { return sKd + (two ? int(c & 1) : 0) * kC * ldX; };
   auto ubuf = [&](std::int64_t c) { return sU + int(c & 1) * kC * ldU; };
+  const int hk = h / a.group;
   auto issue_WU = [&](std::int64_t c) {
-    copy_rows(wbuf(c), ldX, a.W + item(c) * kC * Dk, Dk, kC, Dk);
-    copy_rows(ubuf(c), ldU, a.U + item(c) * kC * Dv + col0, Dv, kC, BV);
+    copy_rows(wbuf(c), ldX, gW + item(c) * kC * Dk, Dk, kC, Dk);
+    if (!mcols) copy_rows(ubuf(c), ldU, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
+    if (a.row_factors) copy_rows(sfk + int(c & 1) * kC, kC, a.fk + item(c) * kC, kC, 1, kC);
   };
   auto issue_K = [&](std::int64_t c) {
-    copy_rows(kbuf(c), ldX, a.Kd + item(c) * kC * Dk, Dk, kC, Dk);
+    if constexpr (!X3) {
+      if (a.row_factors) {
+        const std::int64_t rem = seq.len - c * kC;
+        copy_token_rows(kbuf(c), ldX, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC, hk,
+                        rem < kC ? static_cast<int>(rem) : kC, Dk);
+        return;
+      }
+    }
+    copy_rows(kbuf(c), ldX, gKd + item(c) * kC * Dk, Dk, kC, Dk);
   };
   // gn of chunk c: thread tid < Dk holds gn[tid] (per-key gate), every thread the scalar.
   auto load_gn = [&](std::int64_t c) {
@@ -394,33 +493,39 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
     return a.gn[item(c)];
   };
 
-  // The first chunk's copies; S from h0 (or zeros).
+  // The first chunk's copies; S from h0 (or zeros), or the segment's start (segstart), or for a
+  // map zeros (R) / the identity (M).
   float g_next = 0.f;
-  if (seq.chunks > 0) {
-    issue_WU(0);
+  if (ce > cb) {
+    issue_WU(cb);
     detail::cp_async_commit();
-    issue_K(0);
+    issue_K(cb);
     detail::cp_async_commit();
-    g_next = load_gn(0);
+    g_next = load_gn(cb);
   }
   for (int e = tid; e < Dk * BV; e += kThreads) {
     const int i = e / BV, j = e - i * BV;
     float s = 0.f;
-    if (a.h0) {
+    if (mode == 1) {
+      s = mcols && i == col0 - Dv + j ? 1.f : 0.f;
+    } else if (segj > 0) {
+      s = a.segstart[(xseg * a.Hv + h) * std::int64_t(Dk) * Dv + std::int64_t(i) * Dv + col0 + j];
+    } else if (a.h0) {
       const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
       s = a.v_first ? a.h0[base + (col0 + j) * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + col0 + j];
     }
     sS[i * ldS + j] = s;
   }
 
-  for (std::int64_t c = 0; c < seq.chunks; ++c) {
+  for (std::int64_t c = cb; c < ce; ++c) {
     const std::int64_t slot = seq.slot0 + c;
     const std::int64_t pidx = item(c);
-    const bool more = c + 1 < seq.chunks;
+    const bool more = c + 1 < ce;
     const float g_cur = g_next;
-    const float* cW = wbuf(c);
-    const float* cK = kbuf(c);
-    float* cU = ubuf(c);
+    const St* cW = wbuf(c);
+    const St* cK = kbuf(c);
+    const St* cU = ubuf(c);
+    const float* cfk = sfk + int(c & 1) * kC;
     if (two) {
       cp_async_wait<0>();
       __syncthreads();
@@ -434,28 +539,46 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
       cp_async_wait<1>();  // A(c)
       __syncthreads();
     }
-    // The state entering chunk c -> its row (slot, h).
-    {
+    // The state entering chunk c -> its row (slot, h): fp32, or bf16 pairs (states16).
+    if (writes && a.states16) {
+      __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1;
+      for (int e = tid; e < Dk * BV / 2; e += kThreads) {
+        const int i = e / (BV / 2), j = 2 * (e - i * (BV / 2));
+        store_pair(rec + std::int64_t(i) * Dv + col0 + j, sS[i * ldS + j], sS[i * ldS + j + 1]);
+      }
+    } else if (writes) {
       float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
       for (int e = tid; e < Dk * BV; e += kThreads) {
         const int i = e / BV, j = e - i * BV;
         rec[std::int64_t(i) * Dv + col0 + j] = sS[i * ldS + j];
       }
     }
-    // Vnew = U - W S: tiles 16 x 16 of [C, BV].
+    // Vnew = U - W S: tiles 16 x 16 of [C, BV] -> sV (fp32) and U's place in scratch (St, read
+    // by the output kernel).
     constexpr int vtiles = 4 * (BV / 16);
+    St* Ug = gU + pidx * kC * Dv + col0;
     for (int t = warp; t < vtiles; t += kThreads / 32) {
       const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
       float acc[2][4] = {};
-      mma_tile<2, X3>(
-          acc, Dk, [&](int i, int k) { return cW[(r0 + i) * ldX + k]; },
-          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      if constexpr (X3)
+        mma_tile<2, true>(
+            acc, Dk, [&](int i, int k) { return cW[(r0 + i) * ldX + k]; },
+            [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      else
+        mma_tile_bf16<2, true>(
+            acc, Dk, [&](int i, int k) { return load_pair(cW + (r0 + i) * ldX + k); },
+            [&](int k, int j) { return sS[k * ldS + j0 + j]; });
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
-          cU[r * ldU + j] -= acc[nt][e];
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
+          const float u0 = mcols ? 0.f : from_scratch(cU[r * ldU + j]);
+          const float u1 = mcols ? 0.f : from_scratch(cU[r * ldU + j + 1]);
+          const float v0 = u0 - acc[nt][2 * hf], v1 = u1 - acc[nt][2 * hf + 1];
+          const float f = a.row_factors ? cfk[r] : 1.f;
+          *reinterpret_cast<float2*>(sV + r * ldS + j) = make_float2(f * v0, f * v1);
+          if (writes) store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
         }
     }
     __syncthreads();
@@ -466,39 +589,35 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
       }
       detail::cp_async_commit();  // A(c + 1)
     }
-    // Vnew -> U's place in scratch (read by the output kernel); gn of chunk c -> sgn.
-    {
-      float* Ug = a.U + pidx * kC * Dv + col0;
-      constexpr int w4 = BV / 4;
-      for (int e = tid; e < kC * w4; e += kThreads) {
-        const int r = e / w4, i = e - r * w4;
-        *reinterpret_cast<float4*>(Ug + std::int64_t(r) * Dv + 4 * i) =
-            *reinterpret_cast<const float4*>(cU + r * ldU + 4 * i);
-      }
-    }
     if (tid < Dk) sgn[tid] = g_cur;
     if (!two) cp_async_wait<1>();  // B(c)
     __syncthreads();
-    // S <- diag(gn) S + Kd^T Vnew: tiles 16 x 16 of [Dk, BV].
-    const int stiles = (Dk / 16) * (BV / 16);
-    for (int t = warp; t < stiles; t += kThreads / 32) {
-      const int i0 = 16 * (t % (Dk / 16)), j0 = 16 * (t / (Dk / 16));
-      float acc[2][4];
+    // S <- diag(gn) S + Kd^T Vnew: tiles 16 x BV of [Dk, BV] (one row band per warp: BV / 8
+    // independent accumulators, BV / 4 with the hi / lo split).
+    constexpr int NTs = BV / 8;
+    for (int t = warp; t < Dk / 16; t += kThreads / 32) {
+      const int i0 = 16 * t;
+      float acc[NTs][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NTs; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          const int i = i0 + lg + 8 * (e >> 1), j = 8 * nt + 2 * lc + (e & 1);
           acc[nt][e] = sgn[i] * sS[i * ldS + j];
         }
-      mma_tile<2, X3>(
-          acc, kC, [&](int i, int k) { return cK[k * ldX + i0 + i]; },
-          [&](int k, int j) { return cU[k * ldU + j0 + j]; });
+      if constexpr (X3)
+        mma_tile<NTs, true>(
+            acc, kC, [&](int i, int k) { return cK[k * ldX + i0 + i]; },
+            [&](int k, int j) { return sV[k * ldS + j]; });
+      else
+        mma_tile_bf16<NTs, true>(
+            acc, kC, [&](int i, int k) { return load_col_pair(cK + k * ldX + i0 + i, ldX); },
+            [&](int k, int j) { return sV[k * ldS + j]; });
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NTs; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          const int i = i0 + lg + 8 * (e >> 1), j = 8 * nt + 2 * lc + (e & 1);
           sS[i * ldS + j] = acc[nt][e];
         }
     }
@@ -507,10 +626,18 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
       if (more) issue_K(c + 1);
       detail::cp_async_commit();  // B(c + 1)
     }
+    // Chunk c's state row and Vnew are written by every thread (before the barrier above).
+    if (progress && tid == 0) store_release(progress, static_cast<int>(c + 1));
   }
   cp_async_wait<0>();
   __syncthreads();
-  if (a.hout) {
+  if (mode == 1) {  // [R | M] -> segmap
+    float* out = a.segmap + (xseg * a.Hv + h) * std::int64_t(Dk) * (Dv + Dk);
+    for (int e = tid; e < Dk * BV; e += kThreads) {
+      const int i = e / BV, j = e - i * BV;
+      out[std::int64_t(i) * (Dv + Dk) + col0 + j] = sS[i * ldS + j];
+    }
+  } else if (a.hout && segj == nseg - 1) {
     for (int e = tid; e < Dk * BV; e += kThreads) {
       const int i = e / BV, j = e - i * BV;
       const std::int64_t base = n * a.hout_s0 + h * a.hout_s1;
@@ -523,30 +650,123 @@ __global__ void __launch_bounds__(kThreads) state_pass_kernel(ChunkArgs a, int n
   }
 }
 
-// Shared memory of chunk_output_kernel, in floats: sQ [C][Dk + 4], sP [C][68], sS [Dk][BV + 8],
-// sV [C][BV + 8].
-inline std::size_t output_smem_bytes(int Dk, int BV) {
-  return sizeof(float) * (kC * (Dk + 4) + kC * 68 + Dk * (BV + 8) + kC * (BV + 8));
+// Segment split, between the map pass (mode 1) and the segment pass (mode 2): for sequence n,
+// value head h and 32 value columns, S_0 = h0 (or zeros), S_{j+1} = M_j S_j + R_j for the
+// segments j = 0 .. nseg - 2 (sequential over the few segments), each S_{j+1} -> segstart (row of
+// segment j + 1). 3xTF32 products (fp32 accuracy: M, R, S are fp32). Grid (N, Hv, Dv / 32), 256
+// threads; shared memory two fp32 [Dk][40] buffers.
+inline constexpr int kCombineBV = 32;
+inline std::size_t combine_smem_bytes(int Dk) {
+  return sizeof(float) * 2 * Dk * (kCombineBV + 8);
+}
+
+__global__ void __launch_bounds__(kThreads) segment_combine_kernel(ChunkArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr int BV = kCombineBV, ld = BV + 8;
+  const int Dk = a.Dk, Dv = a.Dv;
+  const std::int64_t ldm = Dk + Dv;  // segmap row length
+  float* sCur = reinterpret_cast<float*>(smem4);
+  float* sNext = sCur + Dk * ld;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t n = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = blockIdx.z * BV;
+  std::int64_t first, nseg;
+  if (a.varlen) {
+    first = a.seg_off[n];
+    nseg = a.seg_off[n + 1] - first;
+  } else {
+    nseg = a.nseg_fixed;
+    first = n * nseg;
+  }
+  if (nseg <= 1) return;
+  for (int e = tid; e < Dk * BV; e += kThreads) {
+    const int i = e / BV, j = e - i * BV;
+    float s = 0.f;
+    if (a.h0) {
+      const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
+      s = a.v_first ? a.h0[base + (col0 + j) * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + col0 + j];
+    }
+    sCur[i * ld + j] = s;
+  }
+  __syncthreads();
+  const int tiles = (Dk / 16) * (BV / 16);
+  for (std::int64_t j = 0; j + 1 < nseg; ++j) {
+    const float* map = a.segmap + ((first + j) * a.Hv + h) * std::int64_t(Dk) * ldm;
+    float* out = a.segstart + ((first + j + 1) * a.Hv + h) * std::int64_t(Dk) * Dv + col0;
+    for (int t = warp; t < tiles; t += kThreads / 32) {
+      const int i0 = 16 * (t % (Dk / 16)), j0 = 16 * (t / (Dk / 16));
+      float acc[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + lg + 8 * (e >> 1), jj = j0 + 8 * nt + 2 * lc + (e & 1);
+          acc[nt][e] = map[i * ldm + col0 + jj];  // R
+        }
+      mma_tile<2, true>(
+          acc, Dk, [&](int i, int k) { return map[(i0 + i) * ldm + Dv + k]; },  // M
+          [&](int k, int jj) { return sCur[k * ld + j0 + jj]; });
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + lg + 8 * (e >> 1), jj = j0 + 8 * nt + 2 * lc + (e & 1);
+          sNext[i * ld + jj] = acc[nt][e];
+          out[std::int64_t(i) * Dv + jj] = acc[nt][e];
+        }
+    }
+    __syncthreads();
+    float* t = sCur;
+    sCur = sNext;
+    sNext = t;
+  }
+}
+
+// Shared memory of chunk_output_kernel, in bytes: sS [Dk][ldS] (fp32, or bf16 [Dk][BV + 8] with
+// S16); St sQ [C][Dk + pad], sP [C][C + pad], sV [C][BV + pad]; fq [C] (fp32).
+template <class St, bool S16>
+std::size_t output_smem_bytes(int Dk, int BV) {
+  const int p = kPad<St>;
+  return (S16 ? 2 * Dk * (BV + 8) : sizeof(float) * Dk * fp32_ld<St>(BV)) +
+         sizeof(St) * (kC * (Dk + p) + kC * (kC + p) + kC * (BV + p)) + sizeof(float) * kC;
 }
 
 // O = Qs S + P Vnew for one chunk slot, value head and BV value columns (S: the state entering
-// the chunk, from the chunk-state rows); rows < n written to o.
-template <int BV, bool X3>
+// the chunk, from the chunk-state rows); rows < n written to o. Grid: one dimension, blocks in
+// chunk-major order (slot, h, column block), so that with the overlap the blocks launch in the
+// order the state pass finishes chunks. bf16 scratch: Qs S with S split
+// into bf16 hi + lo (two products), or on the bf16 chunk states (S16: one product; S rounded to
+// bf16, 2^-9 relative, enters only this chunk's inter-chunk term, nothing accumulates it), P Vnew
+// on bf16 data (one product).
+template <int BV, class St, bool S16>
 __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
+  constexpr bool X3 = kX3<St>;
+  static_assert(!(X3 && S16), "bf16 chunk states only with bf16 scratch");
   extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
-  constexpr int ldP = 68, ldS = BV + 8, ldV = BV + 8;
-  const int ldX = Dk + 4;
-  float* sQ = smem;
-  float* sP = sQ + kC * ldX;
-  float* sS = sP + kC * ldP;
-  float* sV = sS + Dk * ldS;
+  constexpr int ldS = S16 ? BV + 8 : fp32_ld<St>(BV), ldP = kC + kPad<St>, ldV = BV + kPad<St>;
+  const int ldX = Dk + kPad<St>;
+  float* sS = reinterpret_cast<float*>(smem4);
+  __nv_bfloat16* sS16 = reinterpret_cast<__nv_bfloat16*>(smem4);
+  St* sQ = reinterpret_cast<St*>(S16 ? static_cast<void*>(sS16 + Dk * ldS)
+                                     : static_cast<void*>(sS + Dk * ldS));
+  St* sP = sQ + kC * ldX;
+  St* sV = sP + kC * ldP;
+  float* sfq = reinterpret_cast<float*>(sV + kC * ldV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane >> 2, lc = lane & 3;
-  const std::int64_t slot = blockIdx.x;
-  const int h = blockIdx.y;
-  const int col0 = blockIdx.z * BV;
+  const int nz = Dv / BV;
+  const std::int64_t block = blockIdx.x;
+  const std::int64_t slot = block / (std::int64_t(a.Hv) * nz);
+  const int hz = static_cast<int>(block - slot * a.Hv * nz);
+  const int h = hz / nz;
+  const int col0 = (hz - h * nz) * BV;
+  // Overlap: this grid may run while the state pass still does; one block waits for that grid
+  // to complete, so that this grid's completion (what the stream's later work waits for) implies
+  // the state pass's (its final state).
+  if (a.progress && block == gridDim.x - 1) wait_prior_grids();
   std::int64_t n = 0;
   if (!slot_sequence(a, slot, n)) return;
   const SeqInfo seq = seq_info(a, n);
@@ -554,12 +774,32 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   const std::int64_t t0 = seq.bos + c * kC;
   const std::int64_t rem = seq.len - c * kC;
   const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
-  if (len == 0) return;
+  if (len == 0 || c >= seq.chunks) return;
+  if (a.progress) {  // chunk c done by the state-pass blocks of these columns
+    if (threadIdx.x == 0) {
+      const int* f = a.progress + (n * a.Hv + h) * (Dv / a.state_bv) + col0 / a.state_bv;
+      for (int z = 0; z < BV / a.state_bv; ++z)
+        while (load_acquire(f + z) <= c) __nanosleep(200);
+    }
+    __syncthreads();
+  }
   const std::int64_t pidx = slot * a.Hv + h;
-  copy_rows(sQ, ldX, a.Qs + pidx * kC * Dk, Dk, kC, Dk);
-  copy_rows(sP, ldP, a.P + pidx * kC * kC, kC, kC, kC);
-  copy_rows(sV, ldV, a.U + pidx * kC * Dv + col0, Dv, kC, BV);
-  copy_rows(sS, ldS, a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV, a.states_vec);
+  bool rows = false;  // row factors: sQ holds q rows, Qs = diag(fq) q
+  if constexpr (!X3) rows = a.row_factors;
+  if (rows) {
+    if constexpr (!X3)
+      copy_token_rows(sQ, ldX, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, h / a.group, len, Dk);
+    copy_rows(sfq, kC, a.fq + pidx * kC, kC, 1, kC);
+  } else {
+    copy_rows(sQ, ldX, static_cast<const St*>(a.Qs) + pidx * kC * Dk, Dk, kC, Dk);
+  }
+  copy_rows(sP, ldP, static_cast<const St*>(a.P) + pidx * kC * kC, kC, kC, kC);
+  copy_rows(sV, ldV, static_cast<const St*>(a.U) + pidx * kC * Dv + col0, Dv, kC, BV);
+  if constexpr (S16)
+    copy_rows(sS16, ldS, a.states16 + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV);
+  else
+    copy_rows(sS, ldS, a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0, Dv, Dk, BV,
+              a.states_vec);
   detail::cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -567,12 +807,32 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   for (int t = warp; t < vtiles; t += kThreads / 32) {
     const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
     float acc[2][4] = {};
-    mma_tile<2, X3>(
-        acc, Dk, [&](int i, int k) { return sQ[(r0 + i) * ldX + k]; },
-        [&](int k, int j) { return sS[k * ldS + j0 + j]; });
-    mma_tile<2, X3>(
-        acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
-        [&](int k, int j) { return sV[k * ldV + j0 + j]; });
+    if constexpr (X3) {
+      mma_tile<2, true>(
+          acc, Dk, [&](int i, int k) { return sQ[(r0 + i) * ldX + k]; },
+          [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      mma_tile<2, true>(
+          acc, kC, [&](int i, int k) { return sP[(r0 + i) * ldP + k]; },
+          [&](int k, int j) { return sV[k * ldV + j0 + j]; });
+    } else {
+      if constexpr (S16)
+        mma_tile_bf16<2, false>(
+            acc, Dk, [&](int i, int k) { return load_pair(sQ + (r0 + i) * ldX + k); },
+            [&](int k, int j) { return load_col_pair(sS16 + k * ldS + j0 + j, ldS); });
+      else
+        mma_tile_bf16<2, true>(
+            acc, Dk, [&](int i, int k) { return load_pair(sQ + (r0 + i) * ldX + k); },
+            [&](int k, int j) { return sS[k * ldS + j0 + j]; });
+      if (rows) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] *= sfq[r0 + lg + 8 * (e >> 1)];
+      }
+      mma_tile_bf16<2, false>(
+          acc, kC, [&](int i, int k) { return load_pair(sP + (r0 + i) * ldP + k); },
+          [&](int k, int j) { return load_col_pair(sV + k * ldV + j0 + j, ldV); });
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll

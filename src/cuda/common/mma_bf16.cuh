@@ -1,0 +1,42 @@
+// bf16 operand helpers for mma.sync m16n8k16 (detail::mma_bf16 in mma_tf32.cuh): packing two
+// bf16 values into one 32-bit register (the lower k in the low half) and the two-part split of
+// fp32 values into bf16 hi + lo.
+//
+// Two-part split (2xBF16): hi = bf16_rn(x), lo = bf16_rn(x - hi). x - hi is exact in fp32 and
+// |x - hi| <= 2^-9 |x|, so |x - (hi + lo)| <= 2^-9 |x - hi| <= 2^-18 |x| (normal range). A product
+// A B with A exact in bf16 and B split this way (two mma.sync, A hi-part + A lo-part products
+// accumulated in fp32) is then accurate to ~2^-17 relative per term: better than one tf32 product
+// (operands rounded to 2^-11) at the same number of tensor-core instructions per k (two k16
+// products vs two k8 products).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/common/mma_tf32.cuh"
+
+namespace gdr::cuda::detail {
+
+// x in the low half, y in the high half.
+__device__ __forceinline__ std::uint32_t pack_bf16(__nv_bfloat16 x, __nv_bfloat16 y) {
+  return static_cast<std::uint32_t>(__bfloat16_as_ushort(x)) |
+         (static_cast<std::uint32_t>(__bfloat16_as_ushort(y)) << 16);
+}
+
+// (x, y) rounded to bf16 (nearest even), x in the low half.
+__device__ __forceinline__ std::uint32_t pack_bf16(float x, float y) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const std::uint32_t*>(&p);
+}
+
+// (x, y) = hi + lo (+ at most 2^-18 relative each), both pairs bf16, x in the low halves.
+__device__ __forceinline__ void split_bf16(float x, float y, std::uint32_t& hi, std::uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
+  lo = *reinterpret_cast<const std::uint32_t*>(&l);
+}
+
+}  // namespace gdr::cuda::detail
