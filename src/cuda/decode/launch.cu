@@ -466,7 +466,6 @@ void recurrent_forward(const Problem& prob, const ForwardParams& p, const ExecCo
   const Inputs& in = p.in;
   if (prob.N == 0 || prob.Hv == 0) return;
   DeviceGuard guard(prob.device_index, op);
-  const auto stream = static_cast<cudaStream_t>(config.stream);
   RecurrentArgs a{};
   if (prob.varlen) {  // read on the device only, clamped (common/sequences.cuh)
     a.cu_seqlens = in.cu_seqlens.data;
