@@ -123,6 +123,68 @@ inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr
   return r;
 }
 
+// The backward call `host` with every tensor (the gradients included) copied to the device.
+inline BackwardParams mirror_backward_params(DeviceMirror& m, const BackwardParams& host) {
+  BackwardParams p = host;
+  p.in.q = m.to_device(host.in.q);
+  p.in.k = m.to_device(host.in.k);
+  p.in.v = m.to_device(host.in.v);
+  p.in.g = m.to_device(host.in.g);
+  p.in.beta = m.to_device(host.in.beta);
+  p.in.A_log = m.to_device(host.in.A_log);
+  p.in.dt_bias = m.to_device(host.in.dt_bias);
+  p.in.h0 = m.to_device(host.in.h0);
+  p.in.mask = m.to_device(host.in.mask);
+  p.in.cu_seqlens = m.to_device(host.in.cu_seqlens);
+  p.dout = m.to_device(host.dout);
+  p.dfinal_state = m.to_device(host.dfinal_state);
+  p.dq = m.to_device(host.dq);
+  p.dk = m.to_device(host.dk);
+  p.dv = m.to_device(host.dv);
+  p.dg = m.to_device(host.dg);
+  p.dbeta = m.to_device(host.dbeta);
+  p.dA_log = m.to_device(host.dA_log);
+  p.ddt_bias = m.to_device(host.ddt_bias);
+  p.dh0 = m.to_device(host.dh0);
+  return p;
+}
+
+// Runs gdr::backward on device copies of d's tensors (every gradient poisoned with NaN first) and
+// returns the gradients as doubles, like run_backward on the host. `saved`: a device tensor
+// filled by the CUDA forward of the same call (BackwardParams::saved), or undefined.
+inline BackwardResult run_backward_cuda(TestData& d, cudaStream_t stream = nullptr,
+                                        const TensorView& saved = {}, Path path = Path::automatic) {
+  for (HostTensor* t : {&d.dq, &d.dk, &d.dv, &d.dg, &d.dbeta, &d.dA_log, &d.ddt_bias, &d.dh0})
+    t->poison();
+  BackwardParams host = d.backward_params();
+  DeviceMirror m;
+  BackwardParams p = mirror_backward_params(m, host);
+  p.saved = saved;
+  ExecConfig cfg;
+  cfg.stream = stream;
+  cfg.path = path;
+  backward(p, cfg);
+  cuda_check(cudaStreamSynchronize(stream), "backward");
+  DeviceMirror::to_host(p.dq, host.dq);
+  DeviceMirror::to_host(p.dk, host.dk);
+  DeviceMirror::to_host(p.dv, host.dv);
+  DeviceMirror::to_host(p.dg, host.dg);
+  DeviceMirror::to_host(p.dbeta, host.dbeta);
+  DeviceMirror::to_host(p.dA_log, host.dA_log);
+  DeviceMirror::to_host(p.ddt_bias, host.ddt_bias);
+  DeviceMirror::to_host(p.dh0, host.dh0);
+  BackwardResult r;
+  r.dq = d.dq.to_double();
+  r.dk = d.dk.to_double();
+  r.dv = d.dv.to_double();
+  r.dg = d.dg.to_double();
+  r.dbeta = d.dbeta.to_double();
+  r.dA_log = d.dA_log.to_double();
+  r.ddt_bias = d.ddt_bias.to_double();
+  r.dh0 = d.dh0.to_double();
+  return r;
+}
+
 // The decode call `host` with every tensor (the pool and o included) copied to the device.
 inline DecodeParams mirror_decode_params(DeviceMirror& m, const DecodeParams& host) {
   DecodeParams p = host;

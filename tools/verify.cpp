@@ -4,7 +4,8 @@
 // per-token loop and chunkwise form, the chunkwise training step as the torch layer runs it
 // (the forward saves the chunk-boundary states, the backward reads them) and, for short cases,
 // the decode step; on a CUDA build with a GPU present, also the CUDA forward (the recurrent
-// kernel) and, for the decode cases, the CUDA decode step (the kernel the launch rule picks).
+// kernel, the chunked kernels), the CUDA chunked backward and, for the decode cases, the CUDA
+// decode step (the kernel the launch rule picks).
 // Relative Frobenius error per output; the bound is fp32 1e-5 / 1e-4 (o and state /
 // gradients), bf16 and fp16 inputs 5e-3 / 1e-2. Output buffers are poisoned with NaN before
 // each call. Exit code 1 when any row fails.
@@ -182,9 +183,9 @@ std::vector<NamedCase> verify_cases() {
         c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
       },
       true);
-  // Shapes that the rules (src/cuda/decode/tuning.h) give the chunk kernel on a GPU of up to 192 SMs
-  // (k-first fp32 state, Dk = 128, scalar gate, 24 heads >= T x SMs): the CUDA forward and decode
-  // rows of these two cases run it.
+  // Shapes that the rules (src/cuda/decode/tuning.h) give the chunk kernel on a GPU of up to 192
+  // SMs (k-first fp32 state, Dk = 128, scalar gate, 24 heads >= T x SMs): the CUDA forward and
+  // decode rows of these two cases run it.
   auto chunk_kernel_shape = [](Case& c, std::int64_t T, std::int64_t B) {
     c.T = T;
     c.B = B;
@@ -297,7 +298,7 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
       "gdr verify: seed %llu, paths sequential, chunkwise, chunkwise with saved chunk "
       "states, decode%s vs reference (float64)\n",
       static_cast<unsigned long long>(base),
-      gpu ? ", cuda (recurrent kernel), cuda chunked, cuda decode"
+      gpu ? ", cuda (recurrent kernel), cuda chunked (fwd, bwd), cuda decode"
           : (cuda_available() ? " (CUDA build, no GPU: cuda paths not run)" : ""));
   std::printf("%-32s %-11s %-4s %-12s %-9s %-9s %s\n", "case", "path", "dir", "worst", "error",
               "bound", "status");
@@ -398,6 +399,9 @@ int run_verify(std::uint64_t seed_arg, const std::string& json_path, const std::
         grade(fc, test::fields(test::run_forward_cuda(d, nullptr, Path::chunkwise), fref));
       });
       emit(fc);
+      Row bc = make_row("cuda chunked", "bwd", test::backward_tolerance(c));
+      guarded(bc, [&] { grade(bc, test::fields(test::run_backward_cuda(d), bref)); });
+      emit(bc);
       if (nc.decode)
         decode_row("cuda decode", [](test::DecodeData& dd) { return test::run_decode_cuda(dd); });
     }

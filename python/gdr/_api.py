@@ -131,12 +131,14 @@ def _run_forward(op, q, k, v, g, beta, scale, initial_state, output_final_state,
         initial_state = initial_state.float()  # states are fp32 (FLA callers may pass bf16)
     q, k, v, g, beta, initial_state = (_last_contiguous(t)
                                        for t in (q, k, v, g, beta, initial_state))
-    # Training on the CPU: the forward also fills the chunkwise path's saved-for-backward tensor
-    # (the chunk-boundary states of operator.md §3, or with them the chunk intermediates), which
-    # autograd hands to the backward (_ops.py).
+    # Training: the forward also fills the chunkwise path's saved-for-backward tensor (the
+    # chunk-boundary states of operator.md §3, or on the CPU with them the chunk intermediates),
+    # which autograd hands to the backward (_ops.py). CUDA keeps chunk states only.
     save = "none"
-    if _ops.wants_saved(path, (q, k, v, g, beta, A_log, dt_bias, initial_state)):
-        save = "chunk_intermediates" if save_chunk_intermediates else "chunk_states"
+    cpu = q.device.type == "cpu"
+    if (_ops.wants_saved(path, (q, k, v, g, beta, A_log, dt_bias, initial_state)) and
+            (cpu or chunk_size == 64)):  # the CUDA chunked kernels run chunks of 64
+        save = "chunk_intermediates" if save_chunk_intermediates and cpu else "chunk_states"
     o, final_state, _ = torch.ops.gdr.forward(
         q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, scale, state_layout,
         gate_in_kernel, bool(beta_sigmoid), bool(use_qk_l2norm_in_kernel),

@@ -11,18 +11,19 @@ ExecConfig::check_values: it synchronises the stream); CPU tensors are always ch
 
 Autograd: forward's gradient is the backward operator (docs/operator.md §4), registered with
 register_autograd. Fake (meta) implementations make the operators traceable by torch.compile.
-On a CPU training call (see wants_saved) forward also returns the saved-for-backward tensor of the
+On a training call (see wants_saved) forward also returns the saved-for-backward tensor of the
 chunkwise path (include/gdr/params.h, ForwardParams::saved), and autograd keeps it and hands it
 to backward: save_for_backward="chunk_states" (chunk_gated_delta_rule's default) keeps the state
 entering each chunk, as operator.md §3's training forward does (1 KB per token and value head at
 Dk = Dv = 128, chunk 64), and the backward recomputes each chunk's Tinv and Vnew from it;
-"chunk_intermediates" (save_chunk_intermediates=True) keeps those too (1.75 KB) and the backward
-recomputes nothing; "none" keeps nothing and the backward runs its own pass over the chunks.
+"chunk_intermediates" (save_chunk_intermediates=True, CPU only) keeps those too (1.75 KB) and the
+backward recomputes nothing; "none" keeps nothing and the backward runs its own pass over the
+chunks. CUDA tensors: the CUDA chunked forward fills the chunk states and the CUDA chunked
+backward (src/cuda/chunked/chunked_backward.cu) reads them on the device, no host copy.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
@@ -49,8 +50,10 @@ def _last_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     # Incoming gradients can be expanded (stride 0) or transposed; the core needs stride(-1) == 1.
     if t is None:
         return None
-    if t.dim() > 0 and t.stride(-1) != 1 and t.numel() > 0:
-        return t.contiguous()
+    if t.dim() > 0 and t.stride(-1) != 1:
+        # contiguous() keeps the strides of an empty tensor (T = 0): a fresh one instead.
+        return t.contiguous() if t.numel() > 0 else torch.empty(t.shape, dtype=t.dtype,
+                                                                device=t.device)
     return t
 
 
@@ -95,11 +98,10 @@ def saved_shape(q, k, v, cu_seqlens, chunk_size, content="chunk_states", op="gdr
 
 def wants_saved(path: str, tensors) -> bool:
     """Whether a forward should fill the saved-for-backward tensor: gradients will be taken (grad
-    mode on and an input that requires grad), the tensors are on the CPU (the CUDA backward runs
-    the CPU path on host copies) and the path may be the chunkwise one."""
+    mode on and an input that requires grad) and the path may be the chunkwise one (on CUDA the
+    forward then runs the chunked kernels and keeps their chunk states for the CUDA backward)."""
     present = [t for t in tensors if t is not None]
     return (torch.is_grad_enabled() and path in ("auto", "chunkwise") and
-            all(t.device.type == "cpu" for t in present) and
             any(t.requires_grad for t in present))
 
 
@@ -189,9 +191,6 @@ def _alloc_backward(q, k, v, g, beta, A_log, dt_bias, initial_state):
     )
 
 
-_warned_cuda_backward = False
-
-
 def _run_backward(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state, mask,
                   cu_seqlens, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path,
                   chunk_size, saved, op):
@@ -235,28 +234,21 @@ def backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0); an absent input's gradient has shape [0].
 
-    saved: the forward's saved-for-backward tensor of the same call (CPU; the chunkwise backward
-    then reads the chunk states and matrices instead of recomputing them), or None.
-    On CUDA, while the core has no CUDA backward, the gradients are computed by the CPU path on
-    host copies (correct, slow; warns once).
+    saved: the forward's saved-for-backward tensor of the same call (the chunkwise backward then
+    reads the chunk states, and on the CPU the chunk matrices, instead of recomputing them), or
+    None. On CUDA the chunked backward runs on the device whatever forward path ran (a forward
+    forced to "sequential" still gets the chunked backward; "reference" is CPU-only).
     """
-    global _warned_cuda_backward
     args = [_d(t) for t in (dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_state,
                             mask, cu_seqlens)]
     args[0] = _last_contiguous(args[0])
     args[1] = _last_contiguous(args[1])
+    if v.device.type == "cuda" and path in ("sequential", "auto", "chunkwise"):
+        # The one CUDA backward: the chunked one, chunks of 64 (the chunk size does not change
+        # the gradients; `saved` only ever comes from the CUDA chunked forward, chunks of 64).
+        path, chunk_size = "chunkwise", 64
     opts = (scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, path, chunk_size)
-    if _C.backward_available(v.device.type):
-        return _run_backward(*args, *opts, _d(saved), op)
-    if not _warned_cuda_backward:
-        warnings.warn("gdr: no CUDA backward in this build; gradients are computed on the CPU",
-                      RuntimeWarning, stacklevel=2)
-        _warned_cuda_backward = True
-    host = [None if t is None else t.cpu() for t in args]
-    cpu_path = "auto" if path in ("sequential", "chunkwise", "auto") else path
-    grads = _run_backward(*host, scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm,
-                          cpu_path, chunk_size, None, op)
-    return tuple(t.to(v.device) for t in grads)
+    return _run_backward(*args, *opts, _d(saved), op)
 
 
 @backward.register_fake

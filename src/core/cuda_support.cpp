@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "gdr/error.h"
 
@@ -82,6 +83,35 @@ void validate_cuda_forward(const Problem& prob, const ForwardParams& p, Path pat
   if (prob.N == 0 || prob.Hv == 0 || !prob.varlen) return;  // nothing runs, or no cu_seqlens
   // The recurrent launcher copies a device cu_seqlens to the host to check its values; the chunked
   // forward reads it on the device only.
+  if (in.cu_seqlens.stride[0] != 1) refuse(op, "cu_seqlens must be contiguous");
+  if (in.cu_seqlens.device != DeviceType::cuda)
+    refuse(op, "cu_seqlens is on the cpu while the other tensors are on cuda");
+}
+
+void validate_cuda_backward(const Problem& prob, const BackwardParams& p, const ExecConfig& config,
+                            const char* op) {
+  const Inputs& in = p.in;
+  check_common(op, prob, in.q, in.g, in.beta, in.A_log, in.dt_bias, in.mask, p.opts,
+               "chunked backward");
+  if (config.chunk_size != 64)
+    refuse(op, "chunk_size is " + std::to_string(config.chunk_size) +
+                   "; the CUDA chunked backward runs chunks of 64");
+  if (prob.Hv > 65535)
+    refuse(op,
+           "Hv is " + std::to_string(prob.Hv) + "; the CUDA chunked backward supports Hv <= 65535");
+  const std::pair<const char*, const TensorView*> f32_only[] = {
+      {"h0", &in.h0},        {"dfinal_state", &p.dfinal_state}, {"dh0", &p.dh0},
+      {"dA_log", &p.dA_log}, {"ddt_bias", &p.ddt_bias},         {"saved", &p.saved}};
+  for (const auto& [name, t] : f32_only)
+    if (t->defined() && t->dtype != DType::f32)
+      refuse(op, std::string(name) + " has dtype " + std::string(to_string(t->dtype)) +
+                     "; on cuda it must be float32");
+  if (p.saved.defined() && p.saved.shape[2] != prob.Dk * prob.Dv)
+    refuse(op, "saved has records of " + std::to_string(p.saved.shape[2]) +
+                   " floats (chunk intermediates); the CUDA chunked backward reads chunk states "
+                   "only (records of Dk * Dv = " +
+                   std::to_string(prob.Dk * prob.Dv) + ")");
+  if (prob.N == 0 || prob.Hv == 0 || !prob.varlen) return;
   if (in.cu_seqlens.stride[0] != 1) refuse(op, "cu_seqlens must be contiguous");
   if (in.cu_seqlens.device != DeviceType::cuda)
     refuse(op, "cu_seqlens is on the cpu while the other tensors are on cuda");

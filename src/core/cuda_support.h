@@ -14,5 +14,9 @@ void validate_cuda_decode(const Problem& prob, const DecodeParams& p, const char
 // `path`: sequential (the recurrent kernel) or chunkwise (the chunked forward), as resolved.
 void validate_cuda_forward(const Problem& prob, const ForwardParams& p, Path path,
                            const ExecConfig& config, const char* op);
+// The chunked backward (the only CUDA backward): as the chunked forward, plus dfinal_state, dh0,
+// dA_log, ddt_bias float32 and `saved` holding chunk states (float32).
+void validate_cuda_backward(const Problem& prob, const BackwardParams& p, const ExecConfig& config,
+                            const char* op);
 
 }  // namespace gdr

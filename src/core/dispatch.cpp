@@ -61,15 +61,12 @@ void check_config(const ExecConfig& config, const char* op) {
 // automatic resolves to chunkwise and any other path is refused.
 Path resolve_saved(const Problem& prob, const TensorView& saved, const ExecConfig& config,
                    const char* op, const char* role, bool forward) {
-  if (prob.device != DeviceType::cpu && !forward)
-    refuse(op,
-           "saved is given but the tensors are on cuda; saved is read by the CPU chunkwise "
-           "backward only (leave it out on cuda)");
   validate_saved(prob, saved, config.chunk_size, op);
   if (prob.device != DeviceType::cpu && saved.shape[2] != prob.Dk * prob.Dv)
-    refuse(op,
-           "saved holds chunk intermediates but the tensors are on cuda; the CUDA chunked "
-           "forward keeps chunk states only (SavedContent::chunk_states)");
+    refuse(op, std::string("saved holds chunk intermediates but the tensors are on cuda; the CUDA "
+                           "chunked ") +
+                   (forward ? "forward keeps" : "backward reads") +
+                   " chunk states only (SavedContent::chunk_states)");
   if (config.path != Path::automatic && config.path != Path::chunkwise)
     refuse(op, "saved is given with path " + std::string(to_string(config.path)) + "; saved is " +
                    role + " by the chunkwise path only (use chunkwise or automatic, or leave " +
@@ -106,7 +103,16 @@ Path resolve_backward(const Problem& prob, const TensorView& saved, const ExecCo
     refuse(op, "backward on " + std::string(to_string(prob.device)) +
                    " is not available yet; move the tensors to the cpu");
   if (saved.defined()) return resolve_saved(prob, saved, config, op, "read", false);
-  return config.path == Path::automatic ? heuristics::cpu_backward_path(prob) : config.path;
+  if (prob.device == DeviceType::cpu)
+    return config.path == Path::automatic ? heuristics::cpu_backward_path(prob) : config.path;
+  // CUDA: the chunked backward is the one backward there.
+  if (config.path != Path::automatic && config.path != Path::chunkwise)
+    refuse(op, "path " + std::string(to_string(config.path)) +
+                   " has no backward on cuda; supported there: chunkwise, automatic");
+  if (config.chunk_size != heuristics::kDefaultChunk)
+    refuse(op, "chunk_size is " + std::to_string(config.chunk_size) +
+                   "; the CUDA chunked backward runs chunks of 64");
+  return Path::chunkwise;
 }
 
 }  // namespace
@@ -151,6 +157,16 @@ void backward(const BackwardParams& params, const ExecConfig& config) {
   const char* op = op_name(config, "gdr.backward");
   const Problem prob = validate_backward(params, op);
   const Path path = resolve_backward(prob, params.saved, config, op);
+  if (prob.device == DeviceType::cuda) {
+#if GDR_WITH_CUDA
+    validate_cuda_backward(prob, params, config, op);
+    check_device_values(prob, params.in, params.opts, config, op);  // as the forward does
+    cuda::chunked_backward(prob, params, config, op);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   switch (path) {
     case Path::reference: cpu::reference_backward(prob, params); return;
     case Path::sequential: cpu::sequential_backward(prob, params, config); return;
@@ -181,7 +197,12 @@ void decode(const DecodeParams& params, const ExecConfig& config) {
 }
 
 bool backward_available(DeviceType device) {
-  return device == DeviceType::cpu;
+  if (device == DeviceType::cpu) return true;
+#if GDR_WITH_CUDA
+  return device == DeviceType::cuda;
+#else
+  return false;
+#endif
 }
 
 bool cuda_available() {

@@ -24,6 +24,13 @@ void recurrent_forward(const Problem& prob, const ForwardParams& p, const ExecCo
 void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConfig& config,
                      const char* op);
 
+// Chunked backward (docs/operator.md §4, C = 64; src/cuda/chunked/chunked_backward.cu): every
+// gradient, the same coverage as the chunked forward; reads BackwardParams::saved's chunk states
+// when given, else recomputes them with the forward's kernels. No host synchronisation;
+// deterministic (fixed-order sums, no atomics).
+void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecConfig& config,
+                      const char* op);
+
 // ExecConfig::check_values on cuda (src/cuda/common/check_values.cu): the index, in g's logical
 // row-major order, of the first element of g (f32, f16 or bf16 on the device; any strides)
 // that is > 0, and its value in *value; -1 when there is none (NaN and -inf are not > 0).

@@ -836,9 +836,10 @@ TEST(SavedShape, RefusesUnsupportedChunkSizes) {
   EXPECT_EQ(saved_shape(prob, 16).record, c.Dk * c.Dv);
 }
 
-TEST(Backward, AvailableOnTheCpuOnly) {
+// The CUDA chunked backward exists in a build with the CUDA paths.
+TEST(Backward, AvailableOnTheCpuAndOnCudaBuilds) {
   EXPECT_TRUE(backward_available(DeviceType::cpu));
-  EXPECT_FALSE(backward_available(DeviceType::cuda));
+  EXPECT_EQ(backward_available(DeviceType::cuda), cuda_available());
 }
 
 }  // namespace

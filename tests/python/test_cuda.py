@@ -1,7 +1,7 @@
 """The CUDA paths through the Python operators (skipped without a GPU or without a CUDA build):
 forward (the chunked kernels through chunk_gated_delta_rule at T = 65, the recurrent kernel
 through fused_recurrent_gated_delta_rule) and decode equal to the float64 CPU recurrence, on the current stream;
-gradients of CUDA tensors equal to the CPU ones."""
+gradients of CUDA tensors (the CUDA chunked backward, through autograd) equal to the CPU ones."""
 
 import pytest
 import torch
@@ -98,19 +98,73 @@ def test_decode_step_bf16_pool_cuda(T):
     assert rel_err(pool_c.cpu().float(), s_ref.to(torch.bfloat16).float()) < 5e-4
 
 
-def test_gradients_of_cuda_tensors_equal_cpu():
-    x = make_inputs(B=1, T=40, Hk=1, Hv=2, Dk=64, Dv=64, h0=True)
-    leaves_c = {k: t.cuda().requires_grad_() for k, t in x.items()}
-    leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
-    w = torch.randn(1, 40, 2, 64)
-    for d, dev in ((leaves_c, "cuda"), (leaves, "cpu")):
-        o, fs = gdr.chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["g"], d["beta"],
-                                           initial_state=d["initial_state"],
-                                           output_final_state=True)
-        ((o * w.to(dev)).sum() + fs.sum()).backward()
+def _grads(x, dev, w, **kw):
+    leaves = {k: t.to(dev).clone().requires_grad_() for k, t in x.items()}
+    o, fs = gdr.chunk_gated_delta_rule(leaves["q"], leaves["k"], leaves["v"], leaves["g"],
+                                       leaves["beta"], initial_state=leaves.get("initial_state"),
+                                       output_final_state=True, **kw)
+    ((o.float() * w.to(dev)).sum() + fs.sum()).backward()
+    return leaves
+
+
+# The CUDA chunked backward (no host copy, no warning) against the CPU path's gradients, through
+# torch autograd; fp32 inputs (3xTF32) and bf16 (tf32 products).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gate", ["scalar", "per_key"])
+@pytest.mark.parametrize("T", [40, 130])
+def test_gradients_of_cuda_tensors_equal_cpu(dtype, gate, T):
+    import warnings
+    x = make_inputs(B=1, T=T, Hk=1, Hv=2, Dk=64, Dv=64, h0=True, gate=gate, decay="strong")
+    x = {k: (t.to(dtype) if k in ("q", "k", "v") else t.float()) for k, t in x.items()}
+    w = torch.randn(1, T, 2, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the host-copy warning is gone
+        leaves_c = _grads(x, "cuda", w)
+    leaves = _grads({k: t.double() for k, t in x.items()}, "cpu", w)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
     for k in x:
         assert leaves_c[k].grad.is_cuda
-        assert rel_err(leaves_c[k].grad.cpu(), leaves[k].grad) < 1e-4, k
+        assert rel_err(leaves_c[k].grad.cpu().double(), leaves[k].grad) < tol, k
+
+
+def test_gradients_cuda_empty_sequence():
+    # T = 0: empty gradients, dh0 = the final state's upstream gradient (the state passes through).
+    q = torch.randn(2, 0, 1, 64, device="cuda", requires_grad=True)
+    k, v = torch.randn(2, 0, 1, 64, device="cuda"), torch.randn(2, 0, 2, 64, device="cuda")
+    g, beta = -torch.rand(2, 0, 2, device="cuda"), torch.rand(2, 0, 2, device="cuda")
+    h0 = torch.randn(2, 2, 64, 64, device="cuda", requires_grad=True)
+    o, fs = gdr.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                       output_final_state=True)
+    dfs = torch.randn_like(fs)
+    (o.sum() + (fs * dfs).sum()).backward()
+    assert q.grad.shape == q.shape
+    assert torch.equal(h0.grad, dfs)
+
+
+def test_gradients_cuda_varlen_fused_options():
+    x = make_inputs(B=1, T=150, Hk=1, Hv=2, Dk=64, Dv=64, h0=True, N=3)
+    cu = torch.tensor([0, 70, 70, 150], dtype=torch.int32)
+    x["g"] = torch.randn(1, 150, 2, dtype=torch.float64)  # raw a (gate in kernel)
+    x["beta"] = torch.randn(1, 150, 2, dtype=torch.float64)  # raw b (sigmoid)
+    x["A_log"] = torch.rand(2, dtype=torch.float64)
+    x["dt_bias"] = torch.rand(2, dtype=torch.float64)
+    mask = torch.rand(1, 150) > 0.2
+    w = torch.randn(1, 150, 2, 64)
+
+    def run(dev, dt):
+        leaves = {k: t.to(dev, dt).clone().requires_grad_() for k, t in x.items()}
+        o, fs = gdr.chunk_gated_delta_rule(
+            leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+            initial_state=leaves["initial_state"], output_final_state=True,
+            cu_seqlens=cu.to(dev), mask=mask.to(dev), use_qk_l2norm_in_kernel=True,
+            A_log=leaves["A_log"], dt_bias=leaves["dt_bias"], use_beta_sigmoid_in_kernel=True)
+        ((o * w.to(dev, dt)).sum() + fs.sum()).backward()
+        return leaves
+
+    got, ref = run("cuda", torch.float32), run("cpu", torch.float64)
+    for k in x:
+        assert got[k].grad.is_cuda
+        assert rel_err(got[k].grad.cpu().double(), ref[k].grad) < 1e-4, k
 
 
 def test_check_values_refuses_positive_gate_on_cuda():

@@ -108,6 +108,16 @@ struct ChunkArgs {
   std::int64_t* seg_off;
   float* segmap;
   float* segstart;
+  // Backward only (null in the forward; chunked_backward.cu): prep also writes, per (slot, value
+  // head) p, Tinv [C, C] and KK = strict_lower(Gam .* K K^T) [C, C] at p * C * C, the cumulative
+  // log decay G [C, Dk or 1] at p * C * (Dk or 1); per (slot, key head) s * Hk + hk, the
+  // L2-normalised Q, K rows [C, Dk] (by the group's first value head).
+  float* Tinv_out;
+  float* KK_out;
+  float* G_out;
+  float* Qn_out;
+  float* Kn_out;
+  int Hk;
 };
 
 // DType codes (include/gdr/types.h): f32 0, f16 1, bf16 2.

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "core/heuristics.h"
-#include "cuda/chunked/chunked_kernels.cuh"
+#include "cuda/chunked/chunked_host.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/paths.h"
 #include "gdr/decode_overrides.h"
@@ -26,32 +26,6 @@ namespace {
 using chunked::ChunkArgs;
 using chunked::kC;
 using chunked::kThreads;
-
-template <bool PerKey, class St>
-void launch_prep(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::chunk_prep_kernel<PerKey, St>;
-  const std::size_t smem = chunked::prep_smem_bytes(a.Dk, a.Dv, PerKey);
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
-  kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv)), kThreads, smem,
-           stream>>>(a);
-  check(cudaGetLastError(), op, "chunk_prep_kernel launch");
-}
-
-// mode 0: grid (N, Hv, Dv / BV); segment split: mode 1 (maps) grid (seg_slots, Hv, (Dv + Dk) /
-// BV), mode 2 (segments) grid (seg_slots, Hv, Dv / BV).
-template <int BV, class St>
-void launch_state(const ChunkArgs& a, int nbuf, int mode, int device, cudaStream_t stream,
-                  const char* op) {
-  const auto kernel = chunked::state_pass_kernel<BV, St>;
-  const std::size_t smem = chunked::state_smem_bytes<St>(a.Dk, BV, nbuf);
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
-  const std::int64_t x = mode == 0 ? a.N : a.seg_slots;
-  const int cols = mode == 1 ? a.Dv + a.Dk : a.Dv;
-  kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(a.Hv),
-                static_cast<unsigned>(cols / BV)),
-           kThreads, smem, stream>>>(a, nbuf, mode);
-  check(cudaGetLastError(), op, "state_pass_kernel launch");
-}
 
 void launch_combine(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunked::segment_combine_kernel;
@@ -85,9 +59,9 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
                  int smem_optin, int dev, cudaStream_t stream, const char* op) {
   if (a.slots > 0) {
     if (a.per_key)
-      launch_prep<true, St>(a, dev, stream, op);
+      chunked::launch_prep_kernel<true, St>(a, dev, stream, op);
     else
-      launch_prep<false, St>(a, dev, stream, op);
+      chunked::launch_prep_kernel<false, St>(a, dev, stream, op);
   }
   // Two W / Kd buffers (the next chunk's copies a whole chunk ahead) when the blocks fit in one
   // wave and the shared memory allows, else one.
@@ -101,10 +75,11 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
   if (a.seg_chunks > 0) {
     // Segment split (heuristics::cuda_chunked_segment_chunks: only where the unsplit pass would
     // leave most SMs idle): maps, the sequential combine, the segments; 16 value columns.
-    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * (prob.Dv + prob.Dk) / 16, 16), 1, dev,
-                         stream, op);
+    chunked::launch_state_kernel<16, St>(
+        a, buffers(a.seg_slots * prob.Hv * (prob.Dv + prob.Dk) / 16, 16), 1, dev, stream, op);
     launch_combine(a, dev, stream, op);
-    launch_state<16, St>(a, buffers(a.seg_slots * prob.Hv * prob.Dv / 16, 16), 2, dev, stream, op);
+    chunked::launch_state_kernel<16, St>(a, buffers(a.seg_slots * prob.Hv * prob.Dv / 16, 16), 2,
+                                         dev, stream, op);
   } else {
     // 32 value columns per block, 16 when 32 would leave more than half the SMs idle.
     const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
@@ -123,9 +98,9 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
             op, "cudaMemsetAsync(progress)");
     }
     if (bv == 16)
-      launch_state<16, St>(a, nbuf, 0, dev, stream, op);
+      chunked::launch_state_kernel<16, St>(a, nbuf, 0, dev, stream, op);
     else
-      launch_state<32, St>(a, nbuf, 0, dev, stream, op);
+      chunked::launch_state_kernel<32, St>(a, nbuf, 0, dev, stream, op);
   }
   if (a.slots > 0) {
     if constexpr (chunked::kX3<St>)
@@ -146,60 +121,14 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   DeviceGuard guard(prob.device_index, op);
   const auto stream = static_cast<cudaStream_t>(config.stream);
 
-  ChunkArgs a{};
-  a.q = in.q.data, a.k = in.k.data, a.v = in.v.data, a.g = in.g.data, a.beta = in.beta.data;
+  ChunkArgs a = chunked::chunk_inputs(prob, in, p.opts, op);
   a.o = p.o.data;
-  a.q_sb = in.q.stride[0], a.q_st = in.q.stride[1], a.q_sh = in.q.stride[2];
-  a.k_sb = in.k.stride[0], a.k_st = in.k.stride[1], a.k_sh = in.k.stride[2];
-  a.v_sb = in.v.stride[0], a.v_st = in.v.stride[1], a.v_sh = in.v.stride[2];
   a.o_sb = p.o.stride[0], a.o_st = p.o.stride[1], a.o_sh = p.o.stride[2];
-  a.g_sb = in.g.stride[0], a.g_st = in.g.stride[1], a.g_sh = in.g.stride[2];
-  a.beta_sb = in.beta.stride[0], a.beta_st = in.beta.stride[1], a.beta_sh = in.beta.stride[2];
-  if (in.mask.defined()) {
-    a.mask = static_cast<const std::uint8_t*>(in.mask.data);
-    a.mask_sb = in.mask.stride[0], a.mask_st = in.mask.stride[1];
-  }
-  a.gate_in_kernel = p.opts.gate_in_kernel;
-  if (a.gate_in_kernel) {
-    a.A_log = static_cast<const float*>(in.A_log.data);
-    a.A_log_s = in.A_log.stride[0];
-    if (in.dt_bias.defined()) {
-      a.dt_bias = static_cast<const float*>(in.dt_bias.data);
-      a.dt_bias_sh = in.dt_bias.stride[0];
-    }
-  }
-  a.beta_sigmoid = p.opts.beta_sigmoid;
-  a.qk_l2norm = p.opts.qk_l2norm;
-  a.eps = p.opts.l2norm_eps;
-  a.scale = prob.scale;
-  a.in_dtype = static_cast<int>(prob.dtype);
-  a.g_dtype = static_cast<int>(in.g.dtype);
-  a.beta_dtype = static_cast<int>(in.beta.dtype);
-  a.per_key = prob.gate == GateKind::per_key;
-  a.v_first = p.opts.state_layout == StateLayout::v_first;
-  if (in.h0.defined()) {
-    a.h0 = static_cast<const float*>(in.h0.data);
-    a.h0_s0 = in.h0.stride[0], a.h0_s1 = in.h0.stride[1], a.h0_s2 = in.h0.stride[2];
-  }
   if (p.final_state.defined()) {
     a.hout = static_cast<float*>(p.final_state.data);
     a.hout_s0 = p.final_state.stride[0], a.hout_s1 = p.final_state.stride[1];
     a.hout_s2 = p.final_state.stride[2];
   }
-  a.B = prob.B, a.T = prob.T, a.N = prob.N;
-  a.Hv = static_cast<int>(prob.Hv);
-  a.group = static_cast<int>(prob.Hv / prob.Hk);
-  a.Dk = static_cast<int>(prob.Dk), a.Dv = static_cast<int>(prob.Dv);
-  a.varlen = prob.varlen;
-  a.nc = (prob.T + kC - 1) / kC;
-  if (prob.varlen) {
-    a.cu_seqlens = in.cu_seqlens.data;
-    a.cu_dtype = static_cast<int>(in.cu_seqlens.dtype);
-    a.slots = (prob.T + prob.N * (kC - 1)) / kC;  // saved_shape's chunk_rows: an upper bound
-  } else {
-    a.slots = prob.B * a.nc;
-  }
-  if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
   const int dev = prob.device_index;
   const int sms = sm_count(dev, op);
   int smem_optin = 0;

@@ -45,7 +45,8 @@ namespace gdr::cuda::chunked {
 inline constexpr int kThreads = 256;
 inline constexpr int kLoads = 8;  // global loads in flight per thread (prep kernel)
 
-__global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
+// static: the header is included by the forward and the backward translation units.
+static __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
   using Scan = cub::BlockScan<std::int64_t, 1024>;
   __shared__ typename Scan::TempStorage temp;
   __shared__ std::int64_t carry, seg_carry;
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   // (sequence, chunk) of this slot; surplus slots (varlen) zero their chunk-state rows.
   std::int64_t n = 0;
   if (!slot_sequence(a, slot, n)) {
-    if (a.saved) {
+    if (a.saved) {  // null: the backward reading the caller's records, or bf16 states
       float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
       for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
     }
@@ -232,6 +233,18 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   __syncthreads();
 
   const std::int64_t pidx = slot * a.Hv + h;
+  if (a.G_out) {  // backward: G, and the normalised Q, K rows once per key head
+    const int wg = PerKey ? Dk : 1;
+    for (int e = tid; e < kC * wg; e += kThreads) a.G_out[pidx * kC * wg + e] = sG[e];
+    if (h % a.group == 0) {
+      const std::int64_t kidx = (slot * a.Hk + hk) * kC * Dk;
+      for (int e = tid; e < kC * Dk; e += kThreads) {
+        const int r = e / Dk, i = e - r * Dk;
+        a.Qn_out[kidx + e] = sQ[r * ld + i];
+        a.Kn_out[kidx + e] = sK[r * ld + i];
+      }
+    }
+  }
   St* Pg = static_cast<St*>(a.P) + pidx * kC * kC;
   const int lg = lane >> 2, lc = lane & 3;
   // A (shared) and P (scratch).
@@ -252,6 +265,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
         sA[r * ldA + j] = j < r ? sBeta[r] * gam * kk[nt][e] : 0.f;
         Pg[r * kC + j] = to_scratch<St>(a.scale * gam * qk[nt][e]);
+        if (a.KK_out) a.KK_out[pidx * kC * kC + r * kC + j] = j < r ? gam * kk[nt][e] : 0.f;
       }
   } else {
     for (int pair = warp; pair < kC * kC; pair += kThreads / 32) {
@@ -272,6 +286,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       if (lane == 0) {
         sA[r * ldA + j] = j < r ? sBeta[r] * kk : 0.f;
         Pg[r * kC + j] = to_scratch<St>(a.scale * qk);
+        if (a.KK_out) a.KK_out[pidx * kC * kC + r * kC + j] = j < r ? kk : 0.f;
       }
     }
   }
@@ -326,6 +341,9 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
   }
   __syncthreads();
+  if (a.Tinv_out)
+    for (int e = tid; e < kC * kC; e += kThreads)
+      a.Tinv_out[pidx * kC * kC + e] = sT[(e / kC) * ldA + (e % kC)];
   // W = Tinv (beta e^G .* K), then U = Tinv (beta .* V): tiles of 16 x 32 over the 8 warps.
   {
     St* Wg = static_cast<St*>(a.W) + pidx * kC * Dk;
@@ -660,7 +678,7 @@ inline std::size_t combine_smem_bytes(int Dk) {
   return sizeof(float) * 2 * Dk * (kCombineBV + 8);
 }
 
-__global__ void __launch_bounds__(kThreads) segment_combine_kernel(ChunkArgs a) {
+static __global__ void __launch_bounds__(kThreads) segment_combine_kernel(ChunkArgs a) {
   extern __shared__ float4 smem4[];
   constexpr int BV = kCombineBV, ld = BV + 8;
   const int Dk = a.Dk, Dv = a.Dv;

@@ -1,0 +1,672 @@
+// Kernels of the chunked backward (docs/operator.md §4, C = 64; host side chunked_backward.cu).
+// The chunk prep of the forward (chunked_kernels.cuh, chunk_prep_kernel with the backward's extra
+// outputs) has left, per chunk slot and value head (p = slot * Hv + h), in fp32 scratch:
+//   W = Tinv Kb, U, Qs = scale e .* Q, Kd = d .* K, P = scale lower(Gam .* Q K^T), gn = e^{G_n},
+//   Tinv, KK = strict_lower(Gam .* K K^T), G (cumulative log decay), and per key head the
+//   L2-normalised Q, K rows;
+// the state pass of the forward (or bwd_vnew_kernel, given the forward's saved chunk states) has
+// replaced U by Vnew = U - W S and the states S entering each chunk are in `states`.
+// With e = e^G, d = e^{G_n - G}, beta, and dS the gradient of the state leaving the chunk:
+//
+// bwd_state_kernel, grid (N, Hv, Dv / BV), sequential over a sequence's chunks (last first), the
+// dS slice [Dk, BV] in shared memory, from dfinal_state (or 0) to dh0:
+//   dS -> dS record (slot, h)
+//   dVnew = P^T dO + Kd dS                                 -> dVn scratch
+//   dS   <- gn .* dS + Qs^T dO - W^T dVnew                 (docs/operator.md §4's dS_in)
+// The columns of dS over Dv are independent (as the state's in the forward state pass).
+//
+// bwd_dvb_kernel, grid (slots, Hv), every chunk independent:
+//   dVb = Tinv^T dVnew -> scratch;  dv = beta .* dVb -> dv
+//   dMq = scale (dO Vnew^T) .* lower         (the upstream gradient of P / scale, diagonal kept)
+//   dA  = -(dVb Vnew^T) .* strict_lower
+//   dbeta partial: rowsum(dVb .* V) + rowsum(dA .* KK)
+//
+// bwd_key_kernel, grid (slots, Hv), every chunk independent; per value head (dq_hat, dk_hat
+// summed over the group later, in a fixed order):
+//   X1 = scale dO S^T,  dKb = -dVb S^T,  Y = Vnew dS^T                       [C, Dk]
+//   dq_h = e .* X1 + dxq,   dk_h = beta e .* dKb + d .* Y + dxk + dyk
+//   with the pairwise terms of M = Gam .* (X Y^T) (X = Q, Y = K, upstream dMq; X = Y = K,
+//   upstream diag(beta) dA): dX += (dM .* Gam) Y, dY += (dM .* Gam)^T X, formed per key channel
+//   i with Gam[r, j] = e^{G_r[i] - G_j[i]} (r >= j, exponent <= 0; one G for a scalar gate);
+//   dbeta += rowsum(e .* dKb .* K);
+//   dg per channel (summed over channels for a scalar gate), as src/cpu/chunkwise_backward.cpp:
+//     dg_t = sum_{r >= t} dG_r + gn <S, dS>_i + sum_{r < t} d_r Y_r K_r
+//            + sum_{r >= t} sum_{j < t} t[r, j],   dG_r = e_r (X1_r Q_r + beta_r dKb_r K_r),
+//     t[r, j] = dM[r, j] Gam[r, j] X_r Y_j: no O(1) terms that cancel only in exact arithmetic,
+//     so dg keeps its relative accuracy at g = -30.
+//   Then the chain rules of the fused options (gate in kernel: dL/da = dg_log (-exp(A_log))
+//   softplus'(a + dt_bias), partial sums of dA_log and ddt_bias per chunk; beta sigmoid).
+//
+// bwd_keygrad_kernel, grid (slots, Hk): dq_hat, dk_hat = sum over the key head's value heads in
+//   order; the L2-norm backward (dx = (dx_hat - x_hat <x_hat, dx_hat>) / sqrt(|x|^2 + eps)).
+// bwd_gate_param_kernel, grid (Hv): dA_log, ddt_bias = sum of the chunks' partials in slot order
+//   (double).
+// Every sum has a fixed order: the results are bitwise reproducible (no atomics).
+// Products on the tensor cores (mma_tile, tf32; 3xTF32 for fp32 inputs); the pairwise terms and
+// gate sums are fp32 FFMA (per-channel loops; the revcumsum in double).
+#pragma once
+
+#include "cuda/chunked/chunked_kernels.cuh"
+
+namespace gdr::cuda::chunked {
+
+// The forward's scratch pointers (void*: the forward's St) as the fp32 the backward's recompute
+// writes (chunked_host.cuh launch_prep_fp32 / launch_state_pass_fp32).
+__device__ __forceinline__ float* f32(void* p) {
+  return static_cast<float*>(p);
+}
+
+struct BwdArgs {
+  ChunkArgs c;  // inputs, options and the prep's scratch (chunked_common.cuh)
+  // The states entering each chunk [slot, Hv, Dk * Dv] (k-first): saved or recomputed.
+  const float* states;
+  std::int64_t st_s0, st_s1;
+  const void* dout;
+  std::int64_t do_sb, do_st, do_sh;
+  const float* dht;  // dfinal_state, like h0 (optional)
+  std::int64_t dht_s0, dht_s1, dht_s2;
+  float* dh0;
+  std::int64_t dh0_s0, dh0_s1, dh0_s2;
+  void* dq;
+  void* dk;
+  void* dv;
+  void* dg;
+  void* dbeta;
+  std::int64_t dq_sb, dq_st, dq_sh, dk_sb, dk_st, dk_sh, dv_sb, dv_st, dv_sh;
+  std::int64_t dg_sb, dg_st, dg_sh, db_sb, db_st, db_sh;
+  float* dA_log;
+  std::int64_t dA_log_s;
+  float* ddt_bias;
+  std::int64_t ddt_sh;
+  // Scratch per item p = slot * Hv + h (fp32 unless said): dS [Dk * Dv]; dVn, dVb [C, Dv];
+  // dMq, dA [C, C]; dbp [C]; yk, dbk [C, Dk]; gpart [1 + Wg] (double). dq_h, dk_h and the
+  // per-channel dg reuse the prep's W, Qs and Kd (dead once the reverse pass is done).
+  float* dS;
+  float* dVn;
+  float* dVb;
+  float* dMq;
+  float* dA;
+  float* dbp;
+  float* yk;
+  float* dbk;
+  double* gpart;
+};
+
+__device__ __forceinline__ bool row_live(const ChunkArgs& a, const SeqInfo& seq, std::int64_t t0,
+                                         int r, int len) {
+  if (r >= len) return false;
+  return a.mask == nullptr || a.mask[seq.b * a.mask_sb + (t0 + r) * a.mask_st] != 0;
+}
+
+// The chunk of a slot: its sequence, first token and length (false: surplus slot).
+__device__ __forceinline__ bool slot_chunk(const ChunkArgs& a, std::int64_t slot, SeqInfo& seq,
+                                           std::int64_t& t0, int& len) {
+  std::int64_t n = 0;
+  if (!slot_sequence(a, slot, n)) return false;
+  seq = seq_info(a, n);
+  const std::int64_t c = slot - seq.slot0;
+  t0 = seq.bos + c * kC;
+  const std::int64_t rem = seq.len - c * kC;
+  len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+  return len > 0;
+}
+
+// dO rows of the chunk (fp32, zero at rows that are not live), columns [col0, col0 + width),
+// into shared rows of stride ld.
+__device__ __forceinline__ void load_dout_rows(const BwdArgs& b, const SeqInfo& seq,
+                                               std::int64_t t0, int len, int h, int col0, int width,
+                                               float* dst, int ld) {
+  const ChunkArgs& a = b.c;
+  for (int e = threadIdx.x; e < kC * width; e += blockDim.x) {
+    const int r = e / width, j = e - r * width;
+    float x = 0.f;
+    if (row_live(a, seq, t0, r, len))
+      x = load_as_float(b.dout, seq.b * b.do_sb + (t0 + r) * b.do_st + h * b.do_sh + col0 + j,
+                        a.in_dtype);
+    dst[r * ld + j] = x;
+  }
+}
+
+// Shared memory of bwd_state_kernel, in floats: sdS [Dk][BV + 8], sdO, sDV [C][BV + 8], sgn [Dk].
+inline std::size_t bwd_state_smem_bytes(int Dk, int BV) {
+  return sizeof(float) * (Dk * (BV + 8) + 2 * kC * (BV + 8) + Dk);
+}
+
+template <int BV, bool X3>
+__global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
+  const ChunkArgs& a = b.c;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int Dk = a.Dk, Dv = a.Dv;
+  constexpr int ld = BV + 8;
+  float* sdS = smem;
+  float* sdO = sdS + Dk * ld;
+  float* sDV = sdO + kC * ld;
+  float* sgn = sDV + kC * ld;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t n = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = blockIdx.z * BV;
+  const SeqInfo seq = seq_info(a, n);
+  for (int e = tid; e < Dk * BV; e += kThreads) {
+    const int i = e / BV, j = e - i * BV;
+    float s = 0.f;
+    if (b.dht) {
+      const std::int64_t base = n * b.dht_s0 + h * b.dht_s1;
+      s = a.v_first ? b.dht[base + (col0 + j) * b.dht_s2 + i]
+                    : b.dht[base + i * b.dht_s2 + col0 + j];
+    }
+    sdS[i * ld + j] = s;
+  }
+  for (std::int64_t c = seq.chunks - 1; c >= 0; --c) {
+    const std::int64_t slot = seq.slot0 + c;
+    const std::int64_t pidx = slot * a.Hv + h;
+    const std::int64_t t0 = seq.bos + c * kC;
+    const std::int64_t rem = seq.len - c * kC;
+    const int len = rem < kC ? static_cast<int>(rem) : kC;
+    __syncthreads();  // the previous chunk's update of sdS, reads of sdO / sDV
+    {
+      float* rec = b.dS + pidx * Dk * Dv;
+      for (int e = tid; e < Dk * BV; e += kThreads) {
+        const int i = e / BV, j = e - i * BV;
+        rec[std::int64_t(i) * Dv + col0 + j] = sdS[i * ld + j];
+      }
+    }
+    load_dout_rows(b, seq, t0, len, h, col0, BV, sdO, ld);
+    for (int i = tid; i < Dk; i += kThreads) sgn[i] = a.per_key ? a.gn[pidx * Dk + i] : a.gn[pidx];
+    __syncthreads();
+    // dVnew = P^T dO + Kd dS: tiles 16 x 16 of [C, BV].
+    {
+      const float* P = f32(a.P) + pidx * kC * kC;
+      const float* Kd = f32(a.Kd) + pidx * kC * Dk;
+      float* dVn = b.dVn + pidx * kC * Dv + col0;
+      constexpr int tiles = 4 * (BV / 16);
+      for (int t = warp; t < tiles; t += kThreads / 32) {
+        const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
+        float acc[2][4] = {};
+        mma_tile<2, X3>(
+            acc, kC, [&](int i, int k) { return P[k * kC + r0 + i]; },
+            [&](int k, int j) { return sdO[k * ld + j0 + j]; });
+        mma_tile<2, X3>(
+            acc, Dk, [&](int i, int k) { return Kd[(r0 + i) * Dk + k]; },
+            [&](int k, int j) { return sdS[k * ld + j0 + j]; });
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+            sDV[r * ld + j] = acc[nt][e];
+            dVn[r * Dv + j] = acc[nt][e];
+          }
+      }
+    }
+    __syncthreads();
+    // dS <- gn .* dS + Qs^T dO - W^T dVnew: tiles 16 x 16 of [Dk, BV].
+    {
+      const float* Qs = f32(a.Qs) + pidx * kC * Dk;
+      const float* W = f32(a.W) + pidx * kC * Dk;
+      const int tiles = (Dk / 16) * (BV / 16);
+      for (int t = warp; t < tiles; t += kThreads / 32) {
+        const int i0 = 16 * (t % (Dk / 16)), j0 = 16 * (t / (Dk / 16));
+        float acc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+            acc[nt][e] = sgn[i] * sdS[i * ld + j];
+          }
+        mma_tile<2, X3>(
+            acc, kC, [&](int i, int k) { return Qs[k * Dk + i0 + i]; },
+            [&](int k, int j) { return sdO[k * ld + j0 + j]; });
+        mma_tile<2, X3>(
+            acc, kC, [&](int i, int k) { return -W[k * Dk + i0 + i]; },
+            [&](int k, int j) { return sDV[k * ld + j0 + j]; });
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+            sdS[i * ld + j] = acc[nt][e];
+          }
+      }
+    }
+  }
+  __syncthreads();
+  if (b.dh0) {
+    for (int e = tid; e < Dk * BV; e += kThreads) {
+      const int i = e / BV, j = e - i * BV;
+      const std::int64_t base = n * b.dh0_s0 + h * b.dh0_s1;
+      const float s = sdS[i * ld + j];
+      if (a.v_first)
+        b.dh0[base + (col0 + j) * b.dh0_s2 + i] = s;
+      else
+        b.dh0[base + i * b.dh0_s2 + col0 + j] = s;
+    }
+  }
+}
+
+// Vnew = U - W S over U, every chunk independent (the forward's saved chunk states given: no state
+// pass). Grid (slots, Hv, Dv / 64).
+template <bool X3>
+__global__ void __launch_bounds__(kThreads) bwd_vnew_kernel(BwdArgs b) {
+  const ChunkArgs& a = b.c;
+  const int Dk = a.Dk, Dv = a.Dv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t slot = blockIdx.x;
+  const int h = blockIdx.y;
+  const int col0 = blockIdx.z * 64;
+  SeqInfo seq;
+  std::int64_t t0;
+  int len;
+  if (!slot_chunk(a, slot, seq, t0, len)) return;
+  const std::int64_t pidx = slot * a.Hv + h;
+  const float* W = f32(a.W) + pidx * kC * Dk;
+  const float* S = b.states + slot * b.st_s0 + h * b.st_s1 + col0;
+  float* U = f32(a.U) + pidx * kC * Dv + col0;
+  for (int t = warp; t < 16; t += kThreads / 32) {
+    const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
+    float acc[2][4] = {};
+    mma_tile<2, X3>(
+        acc, Dk, [&](int i, int k) { return W[(r0 + i) * Dk + k]; },
+        [&](int k, int j) { return S[std::int64_t(k) * Dv + j0 + j]; });
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+        U[r * Dv + j] -= acc[nt][e];
+      }
+  }
+}
+
+// Shared memory of bwd_dvb_kernel, in floats: sdO [C][Dv + 4].
+inline std::size_t bwd_dvb_smem_bytes(int Dv) {
+  return sizeof(float) * kC * (Dv + 4);
+}
+
+template <bool X3>
+__global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
+  const ChunkArgs& a = b.c;
+  extern __shared__ float4 smem4[];
+  float* sdO = reinterpret_cast<float*>(smem4);
+  const int Dv = a.Dv;
+  const int ld = Dv + 4;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t slot = blockIdx.x;
+  const int h = blockIdx.y;
+  SeqInfo seq;
+  std::int64_t t0;
+  int len;
+  if (!slot_chunk(a, slot, seq, t0, len)) return;
+  const std::int64_t pidx = slot * a.Hv + h;
+  load_dout_rows(b, seq, t0, len, h, 0, Dv, sdO, ld);
+  __syncthreads();
+  const float* Ti = a.Tinv_out + pidx * kC * kC;
+  const float* dVn = b.dVn + pidx * kC * Dv;
+  const float* Vn = f32(a.U) + pidx * kC * Dv;
+  float* dVb = b.dVb + pidx * kC * Dv;
+  // dVb = Tinv^T dVnew; dv = beta .* dVb.
+  const int tiles = 4 * (Dv / 16);
+  for (int t = warp; t < tiles; t += kThreads / 32) {
+    const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
+    float acc[2][4] = {};
+    mma_tile<2, X3>(
+        acc, kC, [&](int i, int k) { return Ti[k * kC + r0 + i]; },
+        [&](int k, int j) { return dVn[k * Dv + j0 + j]; });
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+        dVb[r * Dv + j] = acc[nt][e];
+        if (b.dv && r < len) {
+          float x = 0.f;
+          if (row_live(a, seq, t0, r, len)) {
+            float beta = load_as_float(
+                a.beta, seq.b * a.beta_sb + (t0 + r) * a.beta_st + h * a.beta_sh, a.beta_dtype);
+            if (a.beta_sigmoid) beta = 1.f / (1.f + expf(-beta));
+            x = beta * acc[nt][e];
+          }
+          store_from_float(b.dv, seq.b * b.dv_sb + (t0 + r) * b.dv_st + h * b.dv_sh + j, a.in_dtype,
+                           x);
+        }
+      }
+  }
+  __syncthreads();
+  // dMq = scale (dO Vnew^T) .* lower, dA = -(dVb Vnew^T) .* strict_lower: 16 tiles each.
+  for (int t = warp; t < 32; t += kThreads / 32) {
+    const int which = t >> 4, tt = t & 15;
+    const int r0 = 16 * (tt & 3), j0 = 16 * (tt >> 2);
+    float acc[2][4] = {};
+    if (j0 <= r0 + 15) {
+      if (which == 0)
+        mma_tile<2, X3>(
+            acc, Dv, [&](int i, int k) { return sdO[(r0 + i) * ld + k]; },
+            [&](int k, int j) { return Vn[(j0 + j) * Dv + k]; });
+      else
+        mma_tile<2, X3>(
+            acc, Dv, [&](int i, int k) { return dVb[(r0 + i) * Dv + k]; },
+            [&](int k, int j) { return Vn[(j0 + j) * Dv + k]; });
+    }
+    float* out = (which == 0 ? b.dMq : b.dA) + pidx * kC * kC;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+        out[r * kC + j] =
+            which == 0 ? (j <= r ? a.scale * acc[nt][e] : 0.f) : (j < r ? -acc[nt][e] : 0.f);
+      }
+  }
+  __syncthreads();
+  // dbeta partial per row: rowsum(dVb .* V) + rowsum(dA .* KK), in a fixed order.
+  if (tid < kC) {
+    const int r = tid;
+    float s = 0.f;
+    if (row_live(a, seq, t0, r, len)) {
+      const std::int64_t voff = seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh;
+      for (int j = 0; j < Dv; ++j) s += dVb[r * Dv + j] * load_as_float(a.v, voff + j, a.in_dtype);
+      const float* dA = b.dA + pidx * kC * kC + r * kC;
+      const float* KK = a.KK_out + pidx * kC * kC + r * kC;
+      for (int j = 0; j < r; ++j) s += dA[j] * KK[j];
+    }
+    b.dbp[pidx * kC + r] = s;
+  }
+}
+
+// Shared memory of bwd_key_kernel: sChan [Wg] double (per-channel dA_log parts), then floats:
+// sdO [C][Dv + 4], sMq, sMk [C][C + 1], sG [C][Wg], sBeta [C], sRow [C] (per-row dg, scalar gate).
+inline std::size_t bwd_key_smem_bytes(int Dk, int Dv, bool per_key) {
+  const int wg = per_key ? Dk : 1;
+  return sizeof(double) * ((wg + 1) / 2 * 2) +
+         sizeof(float) * (kC * (Dv + 4) + 2 * kC * (kC + 1) + kC * wg + 2 * kC);
+}
+
+__device__ __forceinline__ float softplus_grad(float x) {
+  return x > 20.f ? 1.f : 1.f / (1.f + expf(-x));
+}
+
+template <bool PerKey, bool X3>
+__global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
+  const ChunkArgs& a = b.c;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int Dk = a.Dk, Dv = a.Dv;
+  constexpr int ldM = kC + 1;
+  const int wg = PerKey ? Dk : 1;
+  const int ld = Dv + 4;
+  double* sChan = reinterpret_cast<double*>(smem4);
+  float* sdO = smem + 2 * ((wg + 1) / 2 * 2);
+  float* sMq = sdO + kC * ld;
+  float* sMk = sMq + kC * ldM;
+  float* sG = sMk + kC * ldM;
+  float* sBeta = sG + kC * wg;
+  float* sRow = sBeta + kC;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const std::int64_t slot = blockIdx.x;
+  const int h = blockIdx.y;
+  const int hk = h / a.group;
+  SeqInfo seq;
+  std::int64_t t0;
+  int len;
+  if (!slot_chunk(a, slot, seq, t0, len)) return;
+  const std::int64_t pidx = slot * a.Hv + h;
+  const std::int64_t kidx = (slot * a.Hk + hk) * kC * Dk;
+  const float* Qn = a.Qn_out + kidx;
+  const float* Kn = a.Kn_out + kidx;
+  const float* S = b.states + slot * b.st_s0 + h * b.st_s1;
+  const float* dS = b.dS + pidx * Dk * Dv;
+  const float* Vn = f32(a.U) + pidx * kC * Dv;
+  const float* dVb = b.dVb + pidx * kC * Dv;
+  float* dqh = f32(a.W) + pidx * kC * Dk;
+  float* dkh = f32(a.Qs) + pidx * kC * Dk;
+  float* dgc = f32(a.Kd) + pidx * kC * Dk;
+  float* yk = b.yk + pidx * kC * Dk;
+  float* dbk = b.dbk + pidx * kC * Dk;
+
+  load_dout_rows(b, seq, t0, len, h, 0, Dv, sdO, ld);
+  if (tid < kC) {
+    float beta = 0.f;
+    if (row_live(a, seq, t0, tid, len)) {
+      beta = load_as_float(a.beta, seq.b * a.beta_sb + (t0 + tid) * a.beta_st + h * a.beta_sh,
+                           a.beta_dtype);
+      if (a.beta_sigmoid) beta = 1.f / (1.f + expf(-beta));
+    }
+    sBeta[tid] = beta;
+  }
+  for (int e = tid; e < kC * wg; e += kThreads) sG[e] = a.G_out[pidx * kC * wg + e];
+  __syncthreads();
+  for (int e = tid; e < kC * kC; e += kThreads) {
+    const int r = e / kC, j = e - r * kC;
+    sMq[r * ldM + j] = b.dMq[pidx * kC * kC + e];
+    sMk[r * ldM + j] = sBeta[r] * b.dA[pidx * kC * kC + e];
+  }
+
+  // Phase 1: X1, dKb, Y on the tensor cores, tiles 16 x 16 of [C, Dk]; elementwise terms.
+  const int tiles = 4 * (Dk / 16);
+  for (int t = warp; t < tiles; t += kThreads / 32) {
+    const int r0 = 16 * (t & 3), i0 = 16 * (t >> 2);
+    float x1[2][4] = {}, kb[2][4] = {}, y[2][4] = {};
+    mma_tile<2, X3>(
+        x1, Dv, [&](int i, int k) { return sdO[(r0 + i) * ld + k]; },
+        [&](int k, int j) { return S[std::int64_t(i0 + j) * Dv + k]; });
+    mma_tile<2, X3>(
+        kb, Dv, [&](int i, int k) { return dVb[(r0 + i) * Dv + k]; },
+        [&](int k, int j) { return S[std::int64_t(i0 + j) * Dv + k]; });
+    mma_tile<2, X3>(
+        y, Dv, [&](int i, int k) { return Vn[(r0 + i) * Dv + k]; },
+        [&](int k, int j) { return dS[std::int64_t(i0 + j) * Dv + k]; });
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + lg + 8 * (e >> 1), i = i0 + 8 * nt + 2 * lc + (e & 1);
+        const float G = sG[r * wg + (PerKey ? i : 0)];
+        const float Gn = sG[(kC - 1) * wg + (PerKey ? i : 0)];
+        const float eg = expf(G), d = expf(Gn - G);
+        const float q = Qn[r * Dk + i], k = Kn[r * Dk + i], beta = sBeta[r];
+        const float X1 = a.scale * x1[nt][e], dkb = -kb[nt][e], Y = y[nt][e];
+        const int o = r * Dk + i;
+        dqh[o] = eg * X1;
+        dkh[o] = beta * eg * dkb + d * Y;
+        dgc[o] = eg * (X1 * q + beta * dkb * k);
+        yk[o] = d * Y * k;
+        dbk[o] = eg * dkb * k;
+      }
+  }
+  __syncthreads();
+
+  // Phase 2: per key channel i, the pairwise terms and dg (see the header).
+  for (int i = tid; i < Dk; i += kThreads) {
+    float dyk[kC], cs[kC], dgd[kC];
+#pragma unroll
+    for (int j = 0; j < kC; ++j) dyk[j] = cs[j] = dgd[j] = 0.f;
+    const int gi = PerKey ? i : 0;
+    for (int r = len - 1; r >= 0; --r) {
+      const float qr = Qn[r * Dk + i], kr = Kn[r * Dk + i], Gr = sG[r * wg + gi];
+      float dxq = 0.f, dxk = 0.f;
+      for (int j = 0; j <= r; ++j) {
+        const float E = expf(Gr - sG[j * wg + gi]);
+        const float kj = Kn[j * Dk + i];
+        const float mq = sMq[r * ldM + j], mk = sMk[r * ldM + j];
+        dxq += mq * E * kj;
+        dxk += mk * E * kj;
+        const float z = E * (mq * qr + mk * kr);
+        dyk[j] += z;
+        if (j < r) cs[j] += z * kj;
+      }
+      float s = 0.f;
+      for (int j = 0; j < r; ++j) s += cs[j];
+      dgd[r] += s;
+      dqh[r * Dk + i] += dxq;
+      dkh[r * Dk + i] += dxk;
+    }
+    float acc = 0.f;
+    for (int t = 0; t < len; ++t) {
+      dkh[t * Dk + i] += dyk[t];
+      dgd[t] += acc;
+      acc += yk[t * Dk + i];
+    }
+    // gn_i <S, dS>_i (row i of the state).
+    float sd = 0.f;
+    for (int j = 0; j < Dv; ++j) sd += S[std::int64_t(i) * Dv + j] * dS[std::int64_t(i) * Dv + j];
+    double rc = static_cast<double>(expf(sG[(kC - 1) * wg + gi]) * sd);
+    for (int r = len - 1; r >= 0; --r) {
+      rc += static_cast<double>(dgc[r * Dk + i]);
+      dgc[r * Dk + i] = static_cast<float>(rc + static_cast<double>(dgd[r]));
+    }
+  }
+  __syncthreads();
+
+  // Phase 3: dbeta, dg (chain rules) per row; the gate parameters' partial sums.
+  const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
+  if (tid < kC) {
+    const int r = tid;
+    const bool live = row_live(a, seq, t0, r, len);
+    if (r < len && b.dbeta) {
+      float db = 0.f;
+      if (live) {
+        db = b.dbp[pidx * kC + r];
+        for (int i = 0; i < Dk; ++i) db += dbk[r * Dk + i];
+        if (a.beta_sigmoid) {
+          const float raw = load_as_float(
+              a.beta, seq.b * a.beta_sb + (t0 + r) * a.beta_st + h * a.beta_sh, a.beta_dtype);
+          const float s = 1.f / (1.f + expf(-raw));
+          db *= s * (1.f - s);
+        }
+      }
+      store_from_float(b.dbeta, seq.b * b.db_sb + (t0 + r) * b.db_st + h * b.db_sh, a.beta_dtype,
+                       db);
+    }
+    if constexpr (!PerKey) {
+      float dgl = 0.f;
+      if (live)
+        for (int i = 0; i < Dk; ++i) dgl += dgc[r * Dk + i];
+      sRow[r] = dgl;
+    }
+  }
+  __syncthreads();
+  // dg per (row, channel): thread per channel (scalar gate: channel 0 only), rows in order.
+  for (int i = tid; i < wg; i += kThreads) {
+    double ddt = 0.0, dA = 0.0;
+    const float bias = a.gate_in_kernel && a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f;
+    for (int r = 0; r < len; ++r) {
+      const bool live = row_live(a, seq, t0, r, len);
+      const float dgl = PerKey ? dgc[r * Dk + i] : sRow[r];
+      const std::int64_t goff = seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh + i;
+      float out = 0.f;
+      if (live) {
+        if (!a.gate_in_kernel) {
+          out = dgl;
+        } else {
+          const float x = load_as_float(a.g, goff, a.g_dtype) + bias;
+          out = dgl * negA * softplus_grad(x);
+          dA += static_cast<double>(dgl) * static_cast<double>(negA * softplus(x));
+          ddt += static_cast<double>(out);
+        }
+      }
+      if (b.dg)
+        store_from_float(b.dg, seq.b * b.dg_sb + (t0 + r) * b.dg_st + h * b.dg_sh + i, a.g_dtype,
+                         out);
+    }
+    if (a.gate_in_kernel) {
+      b.gpart[pidx * (1 + wg) + 1 + i] = ddt;
+      sChan[i] = dA;
+    }
+  }
+  __syncthreads();
+  if (a.gate_in_kernel && tid == 0) {
+    double s = 0.0;
+    for (int i = 0; i < wg; ++i) s += sChan[i];
+    b.gpart[pidx * (1 + wg)] = s;
+  }
+}
+
+// dq, dk of one chunk slot and key head: the group's value heads summed in order, then the
+// L2-norm backward; a warp per row.
+static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b) {
+  const ChunkArgs& a = b.c;
+  const int Dk = a.Dk;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const std::int64_t slot = blockIdx.x;
+  const int hk = blockIdx.y;
+  SeqInfo seq;
+  std::int64_t t0;
+  int len;
+  if (!slot_chunk(a, slot, seq, t0, len)) return;
+  constexpr int kPer = 8;  // Dk / 32 <= 8
+  for (int r = warp; r < len; r += kThreads / 32) {
+    const bool live = row_live(a, seq, t0, r, len);
+    for (int which = 0; which < 2; ++which) {
+      void* out = which == 0 ? b.dq : b.dk;
+      if (out == nullptr) continue;
+      const float* src = which == 0 ? f32(a.W) : f32(a.Qs);
+      float gh[kPer];
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int i = lane + 32 * u;
+        float s = 0.f;
+        if (i < Dk)
+          for (int g = 0; g < a.group; ++g) {
+            const std::int64_t pidx = slot * a.Hv + hk * a.group + g;
+            s += src[pidx * kC * Dk + r * Dk + i];
+          }
+        gh[u] = s;
+      }
+      const std::int64_t ioff = which == 0 ? seq.b * a.q_sb + (t0 + r) * a.q_st + hk * a.q_sh
+                                           : seq.b * a.k_sb + (t0 + r) * a.k_st + hk * a.k_sh;
+      const std::int64_t ooff = which == 0 ? seq.b * b.dq_sb + (t0 + r) * b.dq_st + hk * b.dq_sh
+                                           : seq.b * b.dk_sb + (t0 + r) * b.dk_st + hk * b.dk_sh;
+      if (live && a.qk_l2norm) {
+        const void* x = which == 0 ? a.q : a.k;
+        float xv[kPer];
+        float ss = 0.f;
+#pragma unroll
+        for (int u = 0; u < kPer; ++u) {
+          const int i = lane + 32 * u;
+          xv[u] = i < Dk ? load_as_float(x, ioff + i, a.in_dtype) : 0.f;
+          ss += xv[u] * xv[u];
+        }
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+        const float rn = sqrtf(ss + a.eps);
+        float dot = 0.f;
+#pragma unroll
+        for (int u = 0; u < kPer; ++u) dot += (xv[u] / rn) * gh[u];
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, m);
+#pragma unroll
+        for (int u = 0; u < kPer; ++u) gh[u] = (gh[u] - (xv[u] / rn) * dot) / rn;
+      }
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        const int i = lane + 32 * u;
+        if (i < Dk) store_from_float(out, ooff + i, a.in_dtype, live ? gh[u] : 0.f);
+      }
+    }
+  }
+}
+
+// dA_log [Hv], ddt_bias [Hv, Wg]: the chunks' partials summed in slot order (double).
+static __global__ void __launch_bounds__(kThreads) bwd_gate_param_kernel(BwdArgs b) {
+  const ChunkArgs& a = b.c;
+  const int h = blockIdx.x;
+  const int wg = a.per_key ? a.Dk : 1;
+  for (int w = threadIdx.x; w < 1 + wg; w += kThreads) {
+    double s = 0.0;
+    for (std::int64_t slot = 0; slot < a.slots; ++slot)
+      s += b.gpart[(slot * a.Hv + h) * (1 + wg) + w];
+    if (w == 0) {
+      if (b.dA_log) b.dA_log[h * b.dA_log_s] = static_cast<float>(s);
+    } else if (b.ddt_bias) {
+      b.ddt_bias[h * b.ddt_sh + (w - 1)] = static_cast<float>(s);
+    }
+  }
+}
+
+}  // namespace gdr::cuda::chunked

@@ -1,0 +1,220 @@
+// Host side of the chunked backward (docs/operator.md §4, C = 64; kernels in
+// backward_kernels.cuh, which states the math): gdr::cuda::chunked_backward. Order of the
+// kernels on the call's stream:
+//   chunk_table_kernel (varlen)  ->  chunk_prep_kernel (the forward's, with Tinv, KK, G and the
+//   normalised Q, K kept)  ->  state_pass_kernel (the forward's; the chunk states and Vnew) or,
+//   given BackwardParams::saved (the forward's chunk states), bwd_vnew_kernel (Vnew, every chunk
+//   independent)  ->  bwd_state_kernel (reverse, dS per chunk, dh0)  ->  bwd_dvb_kernel  ->
+//   bwd_key_kernel  ->  bwd_keygrad_kernel  ->  bwd_gate_param_kernel (gate in kernel).
+// The forward's prep kernel and state pass run here in one fixed mode (chunked_host.cuh
+// launch_prep_fp32 / launch_state_pass_fp32), whatever the dtype and DecodeOverrides: fp32 scratch
+// (3xTF32), Qs and Kd stored, fp32 chunk states, unsplit state pass, no overlap; the backward's
+// kernels read that scratch as fp32 (the forward's 16-bit scratch, row factors, bf16 chunk states,
+// segment split and overlap are for forward-only calls; docs/cuda-chunked.md).
+// No host synchronisation and no device-to-host copy (cudaMallocAsync scratch, cu_seqlens read on
+// the device): a call can be captured in a CUDA graph. Deterministic: every sum has a fixed order.
+//   scratch per chunk slot and value head, floats: the forward's (3 Dk + Dv + C) C + Wg, plus
+//   2 C^2 (Tinv, KK) + C Wg (G) + Dk Dv (dS) + 2 C Dv (dVnew, dVb) + 2 C^2 (dMq, dA) + C +
+//   2 C Dk (yk, dbk) + 2 (1 + Wg) (double partials), plus Dk Dv chunk states unless `saved`
+//   holds them; per chunk slot and key head 2 C Dk (normalised Q, K). At Dk = Dv = 128 about
+//   6.4 KB per token and value head, plus 1 KB per token and key head (Q, K), plus 1 KB without
+//   `saved` (step 1: correctness first; docs/cuda-chunked.md).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/chunked/backward_kernels.cuh"
+#include "cuda/chunked/chunked_host.cuh"
+#include "cuda/common/launch.h"
+#include "cuda/paths.h"
+
+namespace gdr::cuda {
+namespace {
+
+using chunked::BwdArgs;
+using chunked::kC;
+using chunked::kThreads;
+
+template <class Kernel>
+void prepare(Kernel kernel, std::size_t smem, int device, const char* op) {
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+}
+
+template <int BV, bool X3>
+void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::bwd_state_kernel<BV, X3>;
+  const std::size_t smem = chunked::bwd_state_smem_bytes(b.c.Dk, BV);
+  prepare(kernel, smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(b.c.N), static_cast<unsigned>(b.c.Hv),
+                static_cast<unsigned>(b.c.Dv / BV)),
+           kThreads, smem, stream>>>(b);
+  check(cudaGetLastError(), op, "bwd_state_kernel launch");
+}
+
+template <bool X3>
+void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t stream,
+                   const char* op) {
+  const chunked::ChunkArgs& a = b.c;
+  const dim3 grid(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv));
+  if (with_saved && a.slots > 0) {
+    chunked::bwd_vnew_kernel<X3>
+        <<<dim3(grid.x, grid.y, static_cast<unsigned>(a.Dv / 64)), kThreads, 0, stream>>>(b);
+    check(cudaGetLastError(), op, "bwd_vnew_kernel launch");
+  }
+  // The reverse pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
+  // idle (as the forward's state pass).
+  const std::int64_t blocks32 = a.N * a.Hv * (a.Dv / 32);
+  if (2 * blocks32 <= sm_count(device, op))
+    launch_bwd_state<16, X3>(b, device, stream, op);
+  else
+    launch_bwd_state<32, X3>(b, device, stream, op);
+  if (a.slots == 0) return;  // T = 0: dh0 = dfinal_state (or 0), nothing else to write
+  {
+    const auto kernel = chunked::bwd_dvb_kernel<X3>;
+    const std::size_t smem = chunked::bwd_dvb_smem_bytes(a.Dv);
+    prepare(kernel, smem, device, op);
+    kernel<<<grid, kThreads, smem, stream>>>(b);
+    check(cudaGetLastError(), op, "bwd_dvb_kernel launch");
+  }
+  {
+    const auto kernel =
+        a.per_key ? chunked::bwd_key_kernel<true, X3> : chunked::bwd_key_kernel<false, X3>;
+    const std::size_t smem = chunked::bwd_key_smem_bytes(a.Dk, a.Dv, a.per_key);
+    prepare(kernel, smem, device, op);
+    kernel<<<grid, kThreads, smem, stream>>>(b);
+    check(cudaGetLastError(), op, "bwd_key_kernel launch");
+  }
+  if (b.dq || b.dk) {
+    chunked::bwd_keygrad_kernel<<<dim3(grid.x, static_cast<unsigned>(a.Hk)), kThreads, 0, stream>>>(
+        b);
+    check(cudaGetLastError(), op, "bwd_keygrad_kernel launch");
+  }
+}
+
+}  // namespace
+
+void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecConfig& config,
+                      const char* op) {
+  const Inputs& in = p.in;
+  // Validated by the dispatcher (core/cuda_support.cpp validate_cuda_backward).
+  if (prob.N == 0 || prob.Hv == 0) return;
+  DeviceGuard guard(prob.device_index, op);
+  const auto stream = static_cast<cudaStream_t>(config.stream);
+
+  BwdArgs b{};
+  b.c = chunked::chunk_inputs(prob, in, p.opts, op);
+  chunked::ChunkArgs& a = b.c;
+  b.dout = p.dout.data;
+  b.do_sb = p.dout.stride[0], b.do_st = p.dout.stride[1], b.do_sh = p.dout.stride[2];
+  if (p.dfinal_state.defined()) {
+    b.dht = static_cast<const float*>(p.dfinal_state.data);
+    b.dht_s0 = p.dfinal_state.stride[0], b.dht_s1 = p.dfinal_state.stride[1];
+    b.dht_s2 = p.dfinal_state.stride[2];
+  }
+  if (p.dh0.defined()) {
+    b.dh0 = static_cast<float*>(p.dh0.data);
+    b.dh0_s0 = p.dh0.stride[0], b.dh0_s1 = p.dh0.stride[1], b.dh0_s2 = p.dh0.stride[2];
+  }
+  auto grad = [](const TensorView& t, void*& ptr, std::int64_t& sb, std::int64_t& st,
+                 std::int64_t& sh) {
+    if (!t.defined()) return;
+    ptr = t.data;
+    sb = t.stride[0], st = t.stride[1], sh = t.stride[2];
+  };
+  grad(p.dq, b.dq, b.dq_sb, b.dq_st, b.dq_sh);
+  grad(p.dk, b.dk, b.dk_sb, b.dk_st, b.dk_sh);
+  grad(p.dv, b.dv, b.dv_sb, b.dv_st, b.dv_sh);
+  grad(p.dg, b.dg, b.dg_sb, b.dg_st, b.dg_sh);
+  grad(p.dbeta, b.dbeta, b.db_sb, b.db_st, b.db_sh);
+  const bool gate_params = p.opts.gate_in_kernel && (p.dA_log.defined() || p.ddt_bias.defined());
+  if (p.opts.gate_in_kernel && p.dA_log.defined()) {
+    b.dA_log = static_cast<float*>(p.dA_log.data);
+    b.dA_log_s = p.dA_log.stride[0];
+  }
+  if (p.opts.gate_in_kernel && p.ddt_bias.defined()) {
+    b.ddt_bias = static_cast<float*>(p.ddt_bias.data);
+    b.ddt_sh = p.ddt_bias.stride[0];
+  }
+
+  // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
+  const std::int64_t items = a.slots * prob.Hv, keys = a.slots * prob.Hk;
+  const std::int64_t Dk = prob.Dk, Dv = prob.Dv, wg = a.per_key ? Dk : 1;
+  const bool own_states = !p.saved.defined();
+  const std::int64_t per_item = kC * (3 * Dk + Dv + kC)             // W, Qs, Kd, U, P
+                                + 2 * kC * kC + kC * wg             // Tinv, KK, G
+                                + Dk * Dv + 2 * kC * Dv             // dS, dVn, dVb
+                                + 2 * kC * kC + 2 * kC * Dk + kC    // dMq, dA, yk, dbk, dbp
+                                + (own_states ? Dk * Dv : 0) + wg;  // states, gn
+  const std::int64_t floats = items * per_item + keys * 2 * kC * Dk;
+  const std::int64_t doubles = items * (1 + wg);
+  const std::int64_t bytes = floats * 4 + doubles * 8 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 512;
+  void* scratch = nullptr;
+  check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
+  float* f = static_cast<float*>(scratch);
+  a.W = f, f += items * kC * Dk;
+  a.U = f, f += items * kC * Dv;
+  a.Qs = f, f += items * kC * Dk;
+  a.Kd = f, f += items * kC * Dk;
+  a.P = f, f += items * kC * kC;
+  a.Tinv_out = f, f += items * kC * kC;
+  a.KK_out = f, f += items * kC * kC;
+  a.G_out = f, f += items * kC * wg;
+  a.Qn_out = f, f += keys * kC * Dk;
+  a.Kn_out = f, f += keys * kC * Dk;
+  b.dS = f, f += items * Dk * Dv;
+  b.dVn = f, f += items * kC * Dv;
+  b.dVb = f, f += items * kC * Dv;
+  b.dMq = f, f += items * kC * kC;
+  b.dA = f, f += items * kC * kC;
+  b.yk = f, f += items * kC * Dk;
+  b.dbk = f, f += items * kC * Dk;
+  b.dbp = f, f += items * kC;
+  if (own_states) {
+    a.saved = f, f += items * Dk * Dv;
+    a.saved_s0 = prob.Hv * Dk * Dv, a.saved_s1 = Dk * Dv;
+    b.states = a.saved;
+    b.st_s0 = a.saved_s0, b.st_s1 = a.saved_s1;
+  } else {
+    b.states = static_cast<const float*>(p.saved.data);
+    b.st_s0 = p.saved.stride[0], b.st_s1 = p.saved.stride[1];
+  }
+  a.gn = f, f += items * wg;
+  auto align = [](void* ptr) {
+    return reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ptr) + 15) &
+                                   ~static_cast<std::uintptr_t>(15));
+  };
+  b.gpart = static_cast<double*>(align(f));
+  a.chunk_off = reinterpret_cast<std::int64_t*>(align(b.gpart + doubles));
+  a.states_vec = false;
+
+  const bool x3 = prob.dtype == DType::f32;
+  const int dev = prob.device_index;
+  try {
+    if (prob.varlen) {
+      chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
+      check(cudaGetLastError(), op, "chunk_table_kernel launch");
+    }
+    if (gate_params)
+      check(cudaMemsetAsync(b.gpart, 0, static_cast<std::size_t>(doubles) * 8, stream), op,
+            "cudaMemsetAsync");
+    {
+      // The prep kernel zeroes the chunk-state rows of surplus slots: not the caller's `saved`.
+      chunked::ChunkArgs prep = a;
+      if (!own_states) prep.saved = nullptr;
+      chunked::launch_prep_fp32(prep, dev, stream, op);
+    }
+    if (own_states) chunked::launch_state_pass_fp32(a, dev, stream, op);  // states, Vnew
+    x3 ? launch_chunks<true>(b, !own_states, dev, stream, op)
+       : launch_chunks<false>(b, !own_states, dev, stream, op);
+    if (gate_params) {
+      chunked::bwd_gate_param_kernel<<<static_cast<unsigned>(prob.Hv), kThreads, 0, stream>>>(b);
+      check(cudaGetLastError(), op, "bwd_gate_param_kernel launch");
+    }
+  } catch (...) {
+    (void)cudaFreeAsync(scratch, stream);
+    throw;
+  }
+  check(cudaFreeAsync(scratch, stream), op, "cudaFreeAsync");
+}
+
+}  // namespace gdr::cuda

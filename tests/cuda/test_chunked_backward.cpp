@@ -1,0 +1,303 @@
+// GPU tests of the CUDA chunked backward (src/cuda/chunked/chunked_backward.cu; gdr::backward on
+// cuda tensors): every gradient (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0) against the float64
+// reference backward on the same rounded inputs, gradients poisoned with NaN before each call,
+// within docs/operator.md §7's bar (1e-2 for f16/bf16 inputs, 1e-4 for fp32 inputs); with the
+// chunk states recomputed and read from the CUDA forward's `saved`; two runs bit-identical; a
+// CUDA-graph capture of a varlen call.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gdr/decode_overrides.h"
+#include "gpu_support.h"
+#include "support_gtest.h"
+
+namespace gdr::test {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+// Largest error seen per (case family, gradient), printed at the end of the run for the report.
+std::map<std::string, double>& worst() {
+  static std::map<std::string, double> m;
+  return m;
+}
+struct WorstPrinter : ::testing::Environment {
+  void TearDown() override {
+    for (const auto& [name, e] : worst())
+      std::printf("[chunked bwd max rel err] %-40s %.3e\n", name.c_str(), e);
+  }
+};
+const auto* const kPrinter = ::testing::AddGlobalTestEnvironment(new WorstPrinter);
+
+void note(const std::string& family, const BackwardResult& got, const BackwardResult& ref) {
+  for (const Field& f : fields(got, ref)) {
+    if (f.ref->empty()) continue;
+    double& w = worst()[family + " " + f.name];
+    w = std::max(w, rel_error(*f.got, *f.ref));
+  }
+}
+
+// The CUDA chunked forward with `saved` (chunk states, poisoned first) on device copies; returns
+// the device saved tensor (owned by `m`).
+// `forced`: the forward's DecodeOverrides (segment split, overlap), or null for its rules.
+TensorView forward_saved(TestData& d, DeviceMirror& m, const DecodeOverrides* forced = nullptr) {
+  HostTensor saved_host = make_saved(d, 64, SavedContent::chunk_states);
+  ForwardParams p = mirror_forward_params(m, d.forward_params());
+  p.saved = m.to_device(saved_host.view());
+  ExecConfig cfg;
+  cfg.path = Path::chunkwise;
+  cfg.decode_overrides = forced;
+  forward(p, cfg);
+  cuda_check(cudaDeviceSynchronize(), "chunked forward");
+  return p.saved;
+}
+
+// One case: the CUDA backward (states recomputed, and when with_saved also read from the CUDA
+// forward's saved tensor) against the float64 reference.
+void check_backward(const std::string& family, TestData d, bool with_saved = true) {
+  const BackwardResult ref = reference_backward(d);
+  const std::string label = family + ": " + describe(d.c, d.seed);
+  const double tol = backward_tolerance(d.c);
+  const BackwardResult got = run_backward_cuda(d);
+  note(family, got, ref);
+  expect_backward_close(got, ref, tol, label + " (recomputed states)");
+  if (with_saved) {
+    DeviceMirror m;
+    const TensorView saved = forward_saved(d, m);
+    const BackwardResult got_saved = run_backward_cuda(d, nullptr, saved);
+    note(family + " (saved)", got_saved, ref);
+    expect_backward_close(got_saved, ref, tol, label + " (saved chunk states)");
+  }
+}
+
+void check_backward(const std::string& family, const Case& c, bool with_saved = true) {
+  check_backward(family, make_problem(c), with_saved);
+}
+
+Case base_case(std::int64_t B, std::int64_t T, std::int64_t Hk, std::int64_t Hv, std::int64_t D,
+               DType dtype = DType::bf16) {
+  Case c;
+  c.B = B;
+  c.T = T;
+  c.Hk = Hk;
+  c.Hv = Hv;
+  c.Dk = c.Dv = D;
+  c.dtype = dtype;
+  return c;
+}
+
+TEST(CudaChunkedBackward, Lengths) {
+  REQUIRE_GPU();
+  for (std::int64_t T : {0, 1, 63, 64, 65, 200})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      Case c = base_case(2, T, 1, 2, 64, dtype);
+      c.layout = T % 2 ? StateLayout::v_first : StateLayout::k_first;
+      c.h0 = T != 64;
+      c.final_state = T != 65;  // dfinal_state given or not
+      check_backward(dtype == DType::f32 ? "lengths f32" : "lengths bf16", c);
+    }
+}
+
+TEST(CudaChunkedBackward, DecayRegimes) {
+  REQUIRE_GPU();
+  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+      for (DType dtype : {DType::bf16, DType::f32}) {
+        Case c = base_case(1, 200, 1, 2, 64, dtype);
+        c.decay = decay;
+        c.gate = gate;
+        check_backward(std::string("decay ") + std::string(to_string(decay)) +
+                           (gate == GateKind::per_key ? " per-key" : " scalar"),
+                       c);
+      }
+  // g = -30 everywhere (each step forgets the state entirely): dg must keep its relative accuracy.
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      Case c = base_case(1, 130, 1, 2, 64, dtype);
+      c.gate = gate;
+      TestData d = make_problem(c);
+      d.g.fill(-30.0);
+      check_backward("decay g=-30", d);
+    }
+}
+
+TEST(CudaChunkedBackward, BetaZeroAndOne) {
+  REQUIRE_GPU();
+  for (double beta : {0.0, 1.0})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      TestData d = make_problem(base_case(2, 150, 2, 4, 64, dtype));
+      d.beta.fill(beta);
+      check_backward("beta 0/1", d);
+    }
+}
+
+TEST(CudaChunkedBackward, HeadDimsGatesLayouts) {
+  REQUIRE_GPU();
+  for (std::int64_t Dk : {64, 128, 256})
+    for (std::int64_t Dv : {64, 128, 256})
+      for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+        Case c = base_case(1, 100 + Dk / 64, 1, 2, 64, (Dk + Dv) % 3 ? DType::bf16 : DType::f16);
+        c.Dk = Dk;
+        c.Dv = Dv;
+        c.gate = gate;
+        c.layout = (Dk == Dv) ? StateLayout::v_first : StateLayout::k_first;
+        check_backward("head dims", c, Dk == Dv);
+      }
+}
+
+TEST(CudaChunkedBackward, GroupedHeadsMaskFused) {
+  REQUIRE_GPU();
+  for (int opts = 0; opts < 4; ++opts)
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+      Case c = base_case(2, 130, 2, 8, 128, opts == 1 ? DType::f32 : DType::bf16);  // Hv/Hk = 4
+      c.gate = gate;
+      c.mask = opts >= 2;
+      c.gate_in_kernel = opts >= 1;
+      c.beta_sigmoid = opts >= 1;
+      c.qk_l2norm = opts == 1 || opts == 3;
+      c.gates_in_dtype = opts == 3;
+      c.final_state = opts != 2;
+      c.h0 = opts != 0;
+      c.strided = opts == 2;
+      c.layout = opts == 3 ? StateLayout::v_first : StateLayout::k_first;
+      check_backward(std::string("gqa/mask/fused ") + std::to_string(opts), c);
+    }
+}
+
+TEST(CudaChunkedBackward, Varlen) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (bool i64 : {false, true}) {
+      Case c = base_case(1, 0, 1, 4, 64, dtype);
+      c.seqlens = {0, 1, 65, 0, 200, 64, 1, 3};
+      c.cu_seqlens_i64 = i64;
+      c.gate = i64 ? GateKind::per_key : GateKind::scalar;
+      c.mask = !i64;
+      c.gate_in_kernel = i64;
+      c.layout = i64 ? StateLayout::v_first : StateLayout::k_first;
+      check_backward("varlen", c);
+    }
+}
+
+// Enough value heads for the reverse pass's 32-column blocks (more than half the SMs busy).
+TEST(CudaChunkedBackward, WideReversePass) {
+  REQUIRE_GPU();
+  Case c = base_case(3, 130, 4, 16, 128);
+  c.gate = GateKind::scalar;
+  check_backward("wide reverse pass", c);
+}
+
+// The saved chunk states written by the forward's fwd-fast modes (bf16 scratch with row factors:
+// scalar gate, bf16, no mask; the exact segment split, forced to 2 chunks per segment; the state
+// pass with the output kernel overlapped, or not) feed the backward, which recomputes W, U, Vnew
+// in fp32 (chunked_host.cuh launch_prep_fp32) from them.
+TEST(CudaChunkedBackward, SavedFromForwardModes) {
+  REQUIRE_GPU();
+  for (int mode = 0; mode < 3; ++mode)
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+      Case c = base_case(1, 0, 2, 4, 64);
+      c.seqlens = {330, 70, 1};
+      c.gate = gate;
+      c.decay = Decay::strong;
+      c.h0 = c.final_state = true;
+      TestData d = make_problem(c);
+      const BackwardResult ref = reference_backward(d);
+      DecodeOverrides forced;
+      if (mode == 0) forced.chunked_segments = 2;   // split (maps, combine, segments)
+      if (mode == 1) forced.chunked_overlap = 2;    // unsplit, output kernel overlapped
+      if (mode == 2) forced.chunked_segments = -1;  // unsplit, no overlap
+      if (mode == 2) forced.chunked_overlap = 1;
+      DeviceMirror m;
+      const TensorView saved = forward_saved(d, m, &forced);
+      const BackwardResult got = run_backward_cuda(d, nullptr, saved);
+      const std::string family = "saved from fwd mode " + std::to_string(mode);
+      note(family, got, ref);
+      expect_backward_close(got, ref, backward_tolerance(c), family + ": " + describe(c, d.seed));
+    }
+}
+
+// Two runs of the same call give bit-identical gradients (no float atomics; fixed-order sums).
+TEST(CudaChunkedBackward, Deterministic) {
+  REQUIRE_GPU();
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c = base_case(1, 0, 2, 8, 128);
+    c.seqlens = {300, 1, 129};
+    c.gate = gate;
+    c.gate_in_kernel = true;
+    c.qk_l2norm = true;
+    TestData d = make_problem(c);
+    const BackwardResult a = run_backward_cuda(d);
+    const BackwardResult b = run_backward_cuda(d);
+    for (const Field& f : fields(a, b)) {
+      ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
+      for (std::size_t i = 0; i < f.got->size(); ++i)
+        ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
+            << f.name << " differs at " << i << " between two runs";
+    }
+  }
+}
+
+// A varlen backward captured in a CUDA graph and replayed: its gradients equal the eager call's.
+TEST(CudaChunkedBackward, GraphCaptureVarlen) {
+  REQUIRE_GPU();
+  Case c = base_case(1, 0, 2, 4, 128);
+  c.seqlens = {100, 0, 1, 300, 64};
+  TestData d = make_problem(c);
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const BackwardResult eager = run_backward_cuda(d, stream);
+  BackwardParams host = d.backward_params();
+  DeviceMirror m;
+  BackwardParams p = mirror_backward_params(m, host);
+  ExecConfig cfg;
+  cfg.stream = stream;
+  cudaGraph_t graph;
+  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  backward(p, cfg);
+  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (int rep = 0; rep < 2; ++rep) {
+    for (const TensorView* t : {&p.dq, &p.dk, &p.dv, &p.dg, &p.dbeta, &p.dh0})
+      cuda_check(cudaMemset(t->data, 0xff, span_bytes(*t)), "poison");
+    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_check(cudaStreamSynchronize(stream), "replay");
+    DeviceMirror::to_host(p.dq, host.dq);
+    DeviceMirror::to_host(p.dk, host.dk);
+    DeviceMirror::to_host(p.dv, host.dv);
+    DeviceMirror::to_host(p.dg, host.dg);
+    DeviceMirror::to_host(p.dbeta, host.dbeta);
+    DeviceMirror::to_host(p.dh0, host.dh0);
+    EXPECT_EQ(d.dq.to_double(), eager.dq) << "replay " << rep;
+    EXPECT_EQ(d.dk.to_double(), eager.dk) << "replay " << rep;
+    EXPECT_EQ(d.dv.to_double(), eager.dv) << "replay " << rep;
+    EXPECT_EQ(d.dg.to_double(), eager.dg) << "replay " << rep;
+    EXPECT_EQ(d.dbeta.to_double(), eager.dbeta) << "replay " << rep;
+    EXPECT_EQ(d.dh0.to_double(), eager.dh0) << "replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Forced paths other than chunkwise have no CUDA backward; chunk intermediates are refused.
+TEST(CudaChunkedBackward, Refusals) {
+  REQUIRE_GPU();
+  TestData d = make_problem(base_case(1, 70, 1, 2, 64));
+  EXPECT_THROW(run_backward_cuda(d, nullptr, {}, Path::sequential), InvalidArgument);
+  EXPECT_THROW(run_backward_cuda(d, nullptr, {}, Path::reference), InvalidArgument);
+  HostTensor inter = make_saved(d, 64, SavedContent::chunk_intermediates);
+  DeviceMirror m;
+  EXPECT_THROW(run_backward_cuda(d, nullptr, m.to_device(inter.view())), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace gdr::test
