@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Per-kernel time of gdr's chunked forward and backward on CUDA (torch.profiler's CUPTI kernel
+records; the device has no nsys). For each shape: the forward alone (path="chunkwise"), then
+forward + backward, each averaged over --reps calls after a warm-up; prints one table per shape
+(kernel name, calls, total microseconds per call) and writes the rows as JSON (--json).
+
+  PYTHONPATH=/tmp/gdrpkg python3 bench/cuda_chunked_profile.py --shapes 1x16384x16x32,8x4096x16x32
+"""
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import gdr
+
+
+def make_inputs(B, T, Hk, Hv, D, grad):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = (torch.rand(B, T, Hk, D, device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+    k = torch.rand(B, T, Hk, D, device="cuda", generator=gen) * 2 - 1
+    k = (k / k.norm(dim=-1, keepdim=True)).to(torch.bfloat16)
+    v = (torch.rand(B, T, Hv, D, device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+    g = -0.2 * torch.rand(B, T, Hv, device="cuda", generator=gen)
+    beta = torch.rand(B, T, Hv, device="cuda", generator=gen)
+    h0 = torch.rand(B, Hv, D, D, device="cuda", generator=gen) * 2 - 1
+    ins = [q, k, v, g, beta, h0]
+    if grad:
+        for x in ins:
+            x.requires_grad_(True)
+    return ins
+
+
+def run(ins, backward):
+    q, k, v, g, beta, h0 = ins
+    o, ht = gdr.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                       output_final_state=True, path="chunkwise")
+    if backward:
+        (o.float().sum() + ht.sum()).backward()
+
+
+def kernel_table(ins, backward, reps):
+    for _ in range(3):
+        run(ins, backward)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run(ins, backward)
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name.split("(")[0][:60]
+            per[name][0] += 1
+            per[name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = [dict(kernel=n, calls_per_iter=c / reps, us_per_iter=t / reps) for n, (c, t) in per.items()]
+    rows.sort(key=lambda r: -r["us_per_iter"])
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1x16384x16x32,8x4096x16x32")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    out = []
+    for s in a.shapes.split(","):
+        B, T, Hk, Hv = (int(x) for x in s.split("x"))
+        for backward in (False, True):
+            ins = make_inputs(B, T, Hk, Hv, 128, backward)
+            rows = kernel_table(ins, backward, a.reps)
+            total = sum(r["us_per_iter"] for r in rows)
+            print(f"== {s} {'fwd+bwd' if backward else 'fwd'}: {total:.0f} us of kernels per call")
+            for r in rows:
+                print(f"  {r['us_per_iter']:9.1f} us  {r['calls_per_iter']:5.1f}x  {r['kernel']}")
+            out.append(dict(shape=s, backward=backward, total_us=total, kernels=rows))
+            del ins
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
