@@ -49,19 +49,15 @@ inline Path cpu_backward_path(const Problem& prob) {
 //   - there are few value-head rows (N Hv <= kCudaChunkedMaxRows: the recurrent kernel fills the
 //     chip with many rows, while the chunked state pass walks each row's chunks in sequence);
 // the recurrent kernel otherwise.
-// Measured (bf16, Hk/Hv = 16/32, Dk = Dv = 128; the chunked times of the first chunked version,
-// bench/results/2026-12-05-chunk-fwd.json, H100; the recurrent ones issue 45's, H200, so the
-// comparison is across cards): B = 1, T = 4096: chunked 2.03 ms vs recurrent 2.44 ms; B = 1,
-// T = 16384: 8.0 vs ~9.2 ms; B = 8, T = 4096: chunked 12.6 ms vs recurrent ~5.4 ms. The token
-// bound is not measured yet (bench/cuda_chunked.py --crossover). Both bounds are to be
-// re-measured with the current kernels (16-bit scratch, docs/cuda-chunked.md), which should move
-// the row bound up.
-// kCudaChunkedMaxRows is 0 for now, so that automatic keeps the recurrent kernel everywhere: the
-// chunked kernels of this commit (the split passes, 16-bit scratch, segment split, overlapped
-// output) have not yet run on a GPU; path chunkwise runs them when asked. The bound goes back
-// (to a measured value, 64 before) once the GPU tests pass on them.
-inline constexpr std::int64_t kCudaRecurrentMaxTokens = 64;
-inline constexpr std::int64_t kCudaChunkedMaxRows = 0;
+// Measured 2026-12-05 on an H100 (bf16, Hk/Hv = 16/32, Dk = Dv = 128, commit 09ccf00,
+// bench/cuda_chunked_time --crossover, bench/results/2026-12-05-chunk-fwd-h100-09ccf00.json),
+// chunked vs recurrent ms: B = 1: T = 128 0.123 vs 0.065, T = 256 0.135 vs 0.122, T = 1024 0.336
+// vs 0.465, T = 4096 1.15 vs 2.10; B = 8 (256 rows): T = 1024 2.18 vs 1.21, T = 4096 8.69 vs
+// 4.81; varlen 32 sequences of 100..8000 tokens (1024 rows): 29.8 vs 21.9. So: more than 256
+// tokens per sequence and at most 32 rows (B = 1 at Hv = 32, the largest row count measured
+// where chunked wins). Both bounds move as the chunked kernels get faster.
+inline constexpr std::int64_t kCudaRecurrentMaxTokens = 256;
+inline constexpr std::int64_t kCudaChunkedMaxRows = 32;
 
 inline Path cuda_forward_path(const Problem& prob) {
   const bool longer_than_a_chunk = tokens_per_sequence(prob) > kCudaRecurrentMaxTokens;

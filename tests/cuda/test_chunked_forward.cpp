@@ -376,10 +376,11 @@ TEST(CudaRecurrentForward, GraphCaptureVarlen) {
   graph_capture_varlen(Path::sequential);
 }
 
-// Path::automatic on cuda: the chunked forward above kCudaRecurrentMaxTokens tokens per sequence.
+// Path::automatic on cuda: the chunked forward above kCudaRecurrentMaxTokens tokens per sequence
+// (and at most kCudaChunkedMaxRows value-head rows).
 TEST(CudaChunkedForward, AutomaticAndRefusals) {
   REQUIRE_GPU();
-  TestData d = make_problem(base_case(1, 200, 1, 2, 64));
+  TestData d = make_problem(base_case(1, 400, 1, 2, 64));
   const ForwardResult ref = reference_forward(d);
   const ForwardResult got = run_forward_cuda(d, nullptr, Path::automatic);
   expect_forward_close(got, ref, forward_tolerance(d.c), "automatic");
