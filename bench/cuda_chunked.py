@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Chunked forward on CUDA: gdr's chunk_gated_delta_rule (torch op; Path::automatic runs the
-chunked kernels, src/cuda/chunked/) against FLA's chunk_gated_delta_rule (chunk_kda for the
+"""Chunked forward on CUDA: gdr's chunk_gated_delta_rule (torch op; path="chunkwise" runs the
+chunked kernels, src/cuda/chunked/; --path picks another) against FLA's chunk_gated_delta_rule (chunk_kda for the
 per-key gate) on the same inputs: bf16 q, k (unit L2 rows), v; fp32 g = -0.2 U(0,1) (log decay;
 [B, T, Hv] or [B, T, Hv, Dk]), fp32 beta ~ U(0,1); fp32 h0 [N, Hv, Dk, Dv] and the final state.
 
@@ -92,6 +92,9 @@ def main():
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--crossover", action="store_true")
     ap.add_argument("--rows", default="all", help="comma-separated row indices, or all")
+    ap.add_argument("--path", default="chunkwise",
+                    help="gdr's path for the rows: chunkwise (the chunked kernels, default), auto "
+                         "(what heuristics.h picks) or sequential (the recurrent kernel)")
     args = ap.parse_args()
     import gdr
     fla_chunk = fla_kda = None
@@ -138,7 +141,7 @@ def main():
         cu32 = None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
         cu64 = None if cu is None else cu32.long()
 
-        def run_gdr(d, path="auto"):
+        def run_gdr(d, path=args.path):
             return gdr.chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["g"], d["beta"],
                                               initial_state=d["h0"], output_final_state=True,
                                               cu_seqlens=cu32, path=path)
@@ -150,7 +153,7 @@ def main():
             return fla_chunk(d["q"], d["k"], d["v"], d["g"], d["beta"], initial_state=d["h0"],
                              output_final_state=True, cu_seqlens=cu64)
 
-        row = dict(B=B, T=T, Hk=Hk, Hv=Hv, Dk=D, Dv=D, gate=gate, N=N, label=label,
+        row = dict(B=B, T=T, Hk=Hk, Hv=Hv, Dk=D, Dv=D, gate=gate, N=N, label=label, path=args.path,
                    seqlens=(None if cu is None else [cu[i + 1] - cu[i] for i in range(N)]),
                    input_sets=ns, flops=flops, bytes=nbytes)
         with torch.inference_mode():

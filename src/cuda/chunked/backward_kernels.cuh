@@ -379,11 +379,15 @@ __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
 }
 
 // Shared memory of bwd_key_kernel: sChan [Wg] double (per-channel dA_log parts), then floats:
-// sdO [C][Dv + 4], sMq, sMk [C][C + 1], sG [C][Wg], sBeta [C], sRow [C] (per-row dg, scalar gate).
+// sdO [C][Dv + 4], sMq, sMk [C][C + 1], sG [C][Wg], sBeta [C], sRow [C] (per-row dg, scalar gate);
+// scalar gate also: sZ [C][C + 1], sPart [3][C][Dk / 16] (row sums of the tiles), sDb [C] (row
+// sums for dbeta), sRed [kThreads / 32] (the warps' parts of <S, dS>).
 inline std::size_t bwd_key_smem_bytes(int Dk, int Dv, bool per_key) {
   const int wg = per_key ? Dk : 1;
+  const std::size_t scalar_extra =
+      per_key ? 0 : std::size_t(kC) * (kC + 1) + 3 * kC * (Dk / 16) + kC + kThreads / 32;
   return sizeof(double) * ((wg + 1) / 2 * 2) +
-         sizeof(float) * (kC * (Dv + 4) + 2 * kC * (kC + 1) + kC * wg + 2 * kC);
+         sizeof(float) * (kC * (Dv + 4) + 2 * kC * (kC + 1) + kC * wg + 2 * kC + scalar_extra);
 }
 
 __device__ __forceinline__ float softplus_grad(float x) {
@@ -406,6 +410,12 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   float* sG = sMk + kC * ldM;
   float* sBeta = sG + kC * wg;
   float* sRow = sBeta + kC;
+  // Scalar gate only (bwd_key_smem_bytes):
+  float* sZ = sRow + kC;
+  const int parts = Dk / 16;
+  float* sPart = sZ + kC * ldM;  // [3][C][parts]: c1, yk, dbk row sums per 16-column tile
+  float* sDb = sPart + 3 * kC * parts;
+  float* sRed = sDb + kC;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t slot = blockIdx.x;
@@ -447,7 +457,24 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
     sMk[r * ldM + j] = sBeta[r] * b.dA[pidx * kC * kC + e];
   }
 
-  // Phase 1: X1, dKb, Y on the tensor cores, tiles 16 x 16 of [C, Dk]; elementwise terms.
+  if constexpr (!PerKey) {
+    // Scalar gate: Gam[r, j] = e^{G_r - G_j} is the same for every key channel, so the pairwise
+    // terms are products of [C, C] matrices: Mq' = dMq .* Gam, Mk' = diag(beta) dA .* Gam (lower;
+    // zero past the chunk's rows and columns, as dMq and dA are).
+    __syncthreads();
+    for (int e = tid; e < kC * kC; e += kThreads) {
+      const int r = e / kC, j = e - r * kC;
+      const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
+      sMq[r * ldM + j] *= gam;
+      sMk[r * ldM + j] *= gam;
+    }
+  }
+
+  // Phase 1: X1, dKb, Y on the tensor cores, tiles 16 x 16 of [C, Dk]; elementwise terms. Scalar
+  // gate: also the pairwise terms dxq = Mq' K, dxk = Mk' K, dyk = Mq'^T Q + Mk'^T K of the same
+  // tile, and the tile's row sums of c1 = e (X1 q + beta dKb k), d Y k and e dKb k (fixed order:
+  // each lane's four columns, then the quad's lanes by shuffles) into sPart.
+  __syncthreads();
   const int tiles = 4 * (Dk / 16);
   for (int t = warp; t < tiles; t += kThreads / 32) {
     const int r0 = 16 * (t & 3), i0 = 16 * (t >> 2);
@@ -461,6 +488,22 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
     mma_tile<2, X3>(
         y, Dv, [&](int i, int k) { return Vn[(r0 + i) * Dv + k]; },
         [&](int k, int j) { return dS[std::int64_t(i0 + j) * Dv + k]; });
+    float dxq[2][4] = {}, dxk[2][4] = {}, dyk[2][4] = {};
+    if constexpr (!PerKey) {
+      mma_tile<2, X3>(
+          dxq, kC, [&](int i, int k) { return sMq[(r0 + i) * ldM + k]; },
+          [&](int k, int j) { return Kn[k * Dk + i0 + j]; });
+      mma_tile<2, X3>(
+          dxk, kC, [&](int i, int k) { return sMk[(r0 + i) * ldM + k]; },
+          [&](int k, int j) { return Kn[k * Dk + i0 + j]; });
+      mma_tile<2, X3>(
+          dyk, kC, [&](int i, int k) { return sMq[k * ldM + r0 + i]; },
+          [&](int k, int j) { return Qn[k * Dk + i0 + j]; });
+      mma_tile<2, X3>(
+          dyk, kC, [&](int i, int k) { return sMk[k * ldM + r0 + i]; },
+          [&](int k, int j) { return Kn[k * Dk + i0 + j]; });
+    }
+    float rs[3][2] = {};  // row sums (rows lg, lg + 8) of c1, d Y k, e dKb k
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -472,53 +515,148 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
         const float q = Qn[r * Dk + i], k = Kn[r * Dk + i], beta = sBeta[r];
         const float X1 = a.scale * x1[nt][e], dkb = -kb[nt][e], Y = y[nt][e];
         const int o = r * Dk + i;
-        dqh[o] = eg * X1;
-        dkh[o] = beta * eg * dkb + d * Y;
-        dgc[o] = eg * (X1 * q + beta * dkb * k);
-        yk[o] = d * Y * k;
-        dbk[o] = eg * dkb * k;
+        const float c1 = eg * (X1 * q + beta * dkb * k), ykv = d * Y * k, dbkv = eg * dkb * k;
+        dqh[o] = eg * X1 + dxq[nt][e];
+        dkh[o] = beta * eg * dkb + d * Y + dxk[nt][e] + dyk[nt][e];
+        if constexpr (PerKey) {
+          dgc[o] = c1;
+          yk[o] = ykv;
+          dbk[o] = dbkv;
+        } else {
+          rs[0][e >> 1] += c1;
+          rs[1][e >> 1] += ykv;
+          rs[2][e >> 1] += dbkv;
+        }
       }
+    if constexpr (!PerKey) {
+#pragma unroll
+      for (int w = 0; w < 3; ++w)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          float x = rs[w][hr];
+          x += __shfl_xor_sync(0xffffffffu, x, 1);
+          x += __shfl_xor_sync(0xffffffffu, x, 2);
+          if (lc == 0) sPart[(w * kC + r0 + lg + 8 * hr) * parts + i0 / 16] = x;
+        }
+    }
   }
   __syncthreads();
 
-  // Phase 2: per key channel i, the pairwise terms and dg (see the header).
-  for (int i = tid; i < Dk; i += kThreads) {
-    float dyk[kC], cs[kC], dgd[kC];
+  if constexpr (!PerKey) {
+    // Scalar gate, dg per row (docs: the per-channel form below summed over the channels):
+    //   dg_t = gn <S, dS> + sum_{r >= t} c1_r + sum_{r < t} (d Y k)_r
+    //          + sum_{r >= t} sum_{j < t} Z[r, j],   Z = Mq' .* (Q K^T) + Mk' .* (K K^T).
+    // Z on the tensor cores (16 tiles of 16 x 16), <S, dS> by fixed-order partial sums.
+    for (int t = warp; t < 16; t += kThreads / 32) {
+      const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
+      float qk[2][4] = {}, kk[2][4] = {};
+      mma_tile<2, X3>(
+          qk, Dk, [&](int i, int k) { return Qn[(r0 + i) * Dk + k]; },
+          [&](int k, int j) { return Kn[(j0 + j) * Dk + k]; });
+      mma_tile<2, X3>(
+          kk, Dk, [&](int i, int k) { return Kn[(r0 + i) * Dk + k]; },
+          [&](int k, int j) { return Kn[(j0 + j) * Dk + k]; });
 #pragma unroll
-    for (int j = 0; j < kC; ++j) dyk[j] = cs[j] = dgd[j] = 0.f;
-    const int gi = PerKey ? i : 0;
-    for (int r = len - 1; r >= 0; --r) {
-      const float qr = Qn[r * Dk + i], kr = Kn[r * Dk + i], Gr = sG[r * wg + gi];
-      float dxq = 0.f, dxk = 0.f;
-      for (int j = 0; j <= r; ++j) {
-        const float E = expf(Gr - sG[j * wg + gi]);
-        const float kj = Kn[j * Dk + i];
-        const float mq = sMq[r * ldM + j], mk = sMk[r * ldM + j];
-        dxq += mq * E * kj;
-        dxk += mk * E * kj;
-        const float z = E * (mq * qr + mk * kr);
-        dyk[j] += z;
-        if (j < r) cs[j] += z * kj;
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          sZ[r * ldM + j] = sMq[r * ldM + j] * qk[nt][e] + sMk[r * ldM + j] * kk[nt][e];
+        }
+    }
+    {
+      float sd = 0.f;
+      for (int e = tid; e < Dk * Dv; e += kThreads) sd += S[e] * dS[e];
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
+      if (lane == 0) sRed[warp] = sd;
+    }
+    __syncthreads();
+    if (tid < kC) {  // column suffix sums in place: sZ[t][j] = sum_{r >= t} Z[r, j]
+      const int j = tid;
+      float acc = 0.f;
+      for (int r = kC - 1; r >= 0; --r) {
+        acc += sZ[r * ldM + j];
+        sZ[r * ldM + j] = acc;
       }
-      float s = 0.f;
-      for (int j = 0; j < r; ++j) s += cs[j];
-      dgd[r] += s;
-      dqh[r * Dk + i] += dxq;
-      dkh[r * Dk + i] += dxk;
     }
-    float acc = 0.f;
-    for (int t = 0; t < len; ++t) {
-      dkh[t * Dk + i] += dyk[t];
-      dgd[t] += acc;
-      acc += yk[t * Dk + i];
+    __syncthreads();
+    if (tid < kC) {  // per row: F_t = sum_{j < t} (suffix sums), the tiles' row sums
+      const int r = tid;
+      float f = 0.f;
+      for (int j = 0; j < r; ++j) f += sZ[r * ldM + j];
+      float c1 = 0.f, ykr = 0.f, db = 0.f;
+      for (int p = 0; p < parts; ++p) {
+        c1 += sPart[(0 * kC + r) * parts + p];
+        ykr += sPart[(1 * kC + r) * parts + p];
+        db += sPart[(2 * kC + r) * parts + p];
+      }
+      sZ[r * ldM + kC] = f;  // column kC (the padding column) is free
+      sMq[r * ldM + kC] = c1;
+      sMk[r * ldM + kC] = ykr;
+      sDb[r] = db;
     }
-    // gn_i <S, dS>_i (row i of the state).
-    float sd = 0.f;
-    for (int j = 0; j < Dv; ++j) sd += S[std::int64_t(i) * Dv + j] * dS[std::int64_t(i) * Dv + j];
-    double rc = static_cast<double>(expf(sG[(kC - 1) * wg + gi]) * sd);
-    for (int r = len - 1; r >= 0; --r) {
-      rc += static_cast<double>(dgc[r * Dk + i]);
-      dgc[r * Dk + i] = static_cast<float>(rc + static_cast<double>(dgd[r]));
+    __syncthreads();
+    if (tid == 0) {  // the row recurrences in double, in order
+      double sd = 0.0;
+      for (int w = 0; w < kThreads / 32; ++w) sd += static_cast<double>(sRed[w]);
+      double prefix = 0.0;  // sum_{r < t} (d Y k)_r
+      for (int r = 0; r < kC; ++r) {
+        sRow[r] = static_cast<float>(prefix);
+        prefix += static_cast<double>(sMk[r * ldM + kC]);
+      }
+      double rc = static_cast<double>(expf(sG[kC - 1])) * sd;
+      for (int r = len - 1; r >= 0; --r) {
+        rc += static_cast<double>(sMq[r * ldM + kC]);
+        sRow[r] = static_cast<float>(rc + static_cast<double>(sRow[r]) +
+                                     static_cast<double>(sZ[r * ldM + kC]));
+      }
+      for (int r = 0; r < kC; ++r)
+        if (!row_live(a, seq, t0, r, len)) sRow[r] = 0.f;
+    }
+    __syncthreads();
+  }
+
+  // Phase 2 (per-key gate): per key channel i, the pairwise terms and dg (see the header).
+  if constexpr (PerKey) {
+    for (int i = tid; i < Dk; i += kThreads) {
+      float dyk[kC], cs[kC], dgd[kC];
+#pragma unroll
+      for (int j = 0; j < kC; ++j) dyk[j] = cs[j] = dgd[j] = 0.f;
+      const int gi = PerKey ? i : 0;
+      for (int r = len - 1; r >= 0; --r) {
+        const float qr = Qn[r * Dk + i], kr = Kn[r * Dk + i], Gr = sG[r * wg + gi];
+        float dxq = 0.f, dxk = 0.f;
+        for (int j = 0; j <= r; ++j) {
+          const float E = expf(Gr - sG[j * wg + gi]);
+          const float kj = Kn[j * Dk + i];
+          const float mq = sMq[r * ldM + j], mk = sMk[r * ldM + j];
+          dxq += mq * E * kj;
+          dxk += mk * E * kj;
+          const float z = E * (mq * qr + mk * kr);
+          dyk[j] += z;
+          if (j < r) cs[j] += z * kj;
+        }
+        float s = 0.f;
+        for (int j = 0; j < r; ++j) s += cs[j];
+        dgd[r] += s;
+        dqh[r * Dk + i] += dxq;
+        dkh[r * Dk + i] += dxk;
+      }
+      float acc = 0.f;
+      for (int t = 0; t < len; ++t) {
+        dkh[t * Dk + i] += dyk[t];
+        dgd[t] += acc;
+        acc += yk[t * Dk + i];
+      }
+      // gn_i <S, dS>_i (row i of the state).
+      float sd = 0.f;
+      for (int j = 0; j < Dv; ++j) sd += S[std::int64_t(i) * Dv + j] * dS[std::int64_t(i) * Dv + j];
+      double rc = static_cast<double>(expf(sG[(kC - 1) * wg + gi]) * sd);
+      for (int r = len - 1; r >= 0; --r) {
+        rc += static_cast<double>(dgc[r * Dk + i]);
+        dgc[r * Dk + i] = static_cast<float>(rc + static_cast<double>(dgd[r]));
+      }
     }
   }
   __syncthreads();
@@ -532,7 +670,11 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
       float db = 0.f;
       if (live) {
         db = b.dbp[pidx * kC + r];
-        for (int i = 0; i < Dk; ++i) db += dbk[r * Dk + i];
+        if constexpr (PerKey) {
+          for (int i = 0; i < Dk; ++i) db += dbk[r * Dk + i];
+        } else {
+          db += sDb[r];
+        }
         if (a.beta_sigmoid) {
           const float raw = load_as_float(
               a.beta, seq.b * a.beta_sb + (t0 + r) * a.beta_st + h * a.beta_sh, a.beta_dtype);
@@ -542,12 +684,6 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
       }
       store_from_float(b.dbeta, seq.b * b.db_sb + (t0 + r) * b.db_st + h * b.db_sh, a.beta_dtype,
                        db);
-    }
-    if constexpr (!PerKey) {
-      float dgl = 0.f;
-      if (live)
-        for (int i = 0; i < Dk; ++i) dgl += dgc[r * Dk + i];
-      sRow[r] = dgl;
     }
   }
   __syncthreads();

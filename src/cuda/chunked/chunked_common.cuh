@@ -68,6 +68,9 @@ struct ChunkArgs {
   int Hv, group, Dk, Dv;
   float scale, eps;
   int in_dtype, g_dtype, beta_dtype, cu_dtype;
+  // 16-bit q, k, v whose rows start 16-byte aligned (data and the strides of the first three dims):
+  // the prep kernel loads them 8 elements (16 bytes) at a time.
+  bool rows16;
   bool varlen, per_key, v_first, gate_in_kernel, beta_sigmoid, qk_l2norm;
   // Scratch, per (slot, value head) p = slot * Hv + h, elements of the scratch type St (float
   // for fp32 inputs, bf16 for f16 / bf16 inputs): W [C, Dk], U [C, Dv] (overwritten by Vnew in
@@ -125,6 +128,22 @@ __device__ __forceinline__ float load_as_float(const void* p, std::int64_t off, 
   if (dtype == 0) return static_cast<const float*>(p)[off];
   if (dtype == 1) return __half2float(static_cast<const __half*>(p)[off]);
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+}
+
+// The 8 consecutive 16-bit elements (f16: dtype 1, bf16: 2) at p + off, 16-byte aligned, as floats.
+__device__ __forceinline__ void load8_as_float(const void* p, std::int64_t off, int dtype,
+                                               float (&x)[8]) {
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + off));
+  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    float2 f;
+    if (dtype == 1)
+      f = __half22float2(*reinterpret_cast<const __half2*>(&w[m]));
+    else
+      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[m]));
+    x[2 * m] = f.x, x[2 * m + 1] = f.y;
+  }
 }
 
 __device__ __forceinline__ void store_from_float(void* p, std::int64_t off, int dtype, float x) {

@@ -164,12 +164,8 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   const bool own_states = !p.saved.defined();
   // Row factors instead of Qs and Kd: scalar gate, bf16 inputs, no mask (rows past a chunk are
   // the only zero rows), q and k rows 16-byte aligned for cp.async.
-  auto rows16 = [](const TensorView& t) {
-    return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 8 == 0 &&
-           t.stride[1] % 8 == 0 && t.stride[2] % 8 == 0;
-  };
-  a.row_factors =
-      !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() && rows16(in.q) && rows16(in.k);
+  a.row_factors = !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() &&
+                  chunked::rows_16byte_aligned(in.q) && chunked::rows_16byte_aligned(in.k);
   const std::int64_t st_elems = items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
                                          (own_states ? prob.Dk * prob.Dv : 0));
   const std::int64_t floats = items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));

@@ -16,6 +16,13 @@
 
 namespace gdr::cuda::chunked {
 
+// Rows of a 16-bit [B, T, H, D] tensor start 16-byte aligned (the data and the strides of the
+// first three dims), so that they can be read 16 bytes at a time.
+inline bool rows_16byte_aligned(const TensorView& t) {
+  return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 8 == 0 &&
+         t.stride[1] % 8 == 0 && t.stride[2] % 8 == 0;
+}
+
 // The inputs, options, shapes and chunk-slot count of a call (scratch pointers left null).
 inline ChunkArgs chunk_inputs(const Problem& prob, const Inputs& in, const Options& opts,
                               const char* op) {
@@ -44,6 +51,8 @@ inline ChunkArgs chunk_inputs(const Problem& prob, const Inputs& in, const Optio
   a.eps = opts.l2norm_eps;
   a.scale = prob.scale;
   a.in_dtype = static_cast<int>(prob.dtype);
+  a.rows16 = prob.dtype != DType::f32 && rows_16byte_aligned(in.q) && rows_16byte_aligned(in.k) &&
+             rows_16byte_aligned(in.v);
   a.g_dtype = static_cast<int>(in.g.dtype);
   a.beta_dtype = static_cast<int>(in.beta.dtype);
   a.per_key = prob.gate == GateKind::per_key;

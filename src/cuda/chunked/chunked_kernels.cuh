@@ -149,18 +149,54 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
   __syncthreads();
   // q, k rows (zero past the chunk and at masked positions) and the raw log decays; kLoads
-  // elements per thread loaded before any is stored (independent loads in flight).
-  for (int base = tid; base < kC * Dk; base += kLoads * kThreads) {
+  // elements per thread loaded before any is stored (independent loads in flight). 16-bit rows
+  // 16-byte aligned (rows16): q, k 8 elements per load, 4 pieces of each per thread in flight.
+  if (a.rows16) {
+    const int pieces = Dk / 8, units = kC * pieces;
+    for (int base = tid; base < units; base += 4 * kThreads) {
+      float kv[4][8], qv[4][8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = base + u * kThreads;
+        const int r = e / pieces, i = 8 * (e - r * pieces);
+        if (e < units && sValid[r] != 0.f) {
+          const std::int64_t t = t0 + r;
+          load8_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype, kv[u]);
+          load8_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype, qv[u]);
+        } else {
+#pragma unroll
+          for (int m = 0; m < 8; ++m) kv[u][m] = qv[u][m] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = base + u * kThreads;
+        if (e >= units) continue;
+        const int r = e / pieces, i = 8 * (e - r * pieces);
+        float4* dk = reinterpret_cast<float4*>(sK + r * ld + i);
+        float4* dq = reinterpret_cast<float4*>(sQ + r * ld + i);
+        dk[0] = make_float4(kv[u][0], kv[u][1], kv[u][2], kv[u][3]);
+        dk[1] = make_float4(kv[u][4], kv[u][5], kv[u][6], kv[u][7]);
+        dq[0] = make_float4(qv[u][0], qv[u][1], qv[u][2], qv[u][3]);
+        dq[1] = make_float4(qv[u][4], qv[u][5], qv[u][6], qv[u][7]);
+      }
+    }
+  }
+  // The element-wise loop: q, k without rows16, and the per-key log decays.
+  for (int base = tid; base < ((a.rows16 && !PerKey) ? 0 : kC * Dk); base += kLoads * kThreads) {
     float kv[kLoads], qv[kLoads], gv[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int e = base + u * kThreads;
       const int r = e / Dk, i = e - r * Dk;
       kv[u] = qv[u] = gv[u] = 0.f;
-      if (e < kC * Dk && sValid[r] != 0.f) {
+      if (e < kC * Dk && sValid[r] != 0.f && !a.rows16) {
         const std::int64_t t = t0 + r;
         kv[u] = load_as_float(a.k, seq.b * a.k_sb + t * a.k_st + hk * a.k_sh + i, a.in_dtype);
         qv[u] = load_as_float(a.q, seq.b * a.q_sb + t * a.q_st + hk * a.q_sh + i, a.in_dtype);
+      }
+      if (e < kC * Dk && sValid[r] != 0.f) {
+        const std::int64_t t = t0 + r;
         if constexpr (PerKey)
           gv[u] = load_as_float(a.g, seq.b * a.g_sb + t * a.g_st + h * a.g_sh + i, a.g_dtype);
       }
@@ -170,8 +206,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       const int e = base + u * kThreads;
       if (e >= kC * Dk) continue;
       const int r = e / Dk, i = e - r * Dk;
-      sK[r * ld + i] = kv[u];
-      sQ[r * ld + i] = qv[u];
+      if (!a.rows16) {
+        sK[r * ld + i] = kv[u];
+        sQ[r * ld + i] = qv[u];
+      }
       if constexpr (PerKey) {
         float x = gv[u];
         if (a.gate_in_kernel && sValid[r] != 0.f)
@@ -320,27 +358,50 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
   }
   __syncthreads();
-  // Tinv = (I + A)^{-1} by forward substitution into sQ's space ([C][68]): row r from rows < r,
-  // 4 threads (one warp's lanes) per column. Columns are independent (column col reads only
-  // column col of Tinv), so a warp barrier per row suffices.
+  // Tinv = (I + A)^{-1} into sQ's space ([C][68]), by 16 x 16 blocks (A strictly lower, so Tinv
+  // is unit lower triangular):
+  //   T_ii = (I + A_ii)^{-1}                         forward substitution, the 4 blocks at once;
+  //   T_ij = -T_ii X_ij,  X_ij = sum_{q in blocks j .. i-1} A[i rows, q] T[q, j cols]   (i > j),
+  //   by distance d = i - j = 1, 2, 3 (X_ij needs the blocks of column j above it). X_ij is kept
+  //   in sA's block (j, i), above the diagonal, which nothing reads (A is strictly lower).
   float* sT = sQ;
   for (int e = tid; e < kC * ldA; e += kThreads) {
     const int r = e / ldA, j = e - r * ldA;
     sT[e] = r == j ? 1.f : 0.f;
   }
   __syncthreads();
-  {
-    const int col = tid >> 2, part = tid & 3;
-    for (int r = 1; r < kC; ++r) {
+  {  // diagonal blocks: thread (block, column, part), 4 lanes of one warp per column
+    const int R = 16 * (tid >> 6), col = (tid >> 2) & 15, part = tid & 3;
+    for (int r = 1; r < 16; ++r) {
       float s = 0.f;
-      for (int j = col + part; j < r; j += 4) s += sA[r * ldA + j] * sT[j * ldA + col];
+      for (int j = col + part; j < r; j += 4)
+        s += sA[(R + r) * ldA + R + j] * sT[(R + j) * ldA + R + col];
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
-      if (part == 0 && col < r) sT[r * ldA + col] = -s;
+      if (part == 0 && col < r) sT[(R + r) * ldA + R + col] = -s;
       __syncwarp();
     }
   }
   __syncthreads();
+  for (int d = 1; d < 4; ++d) {
+    const int pairs = 4 - d;  // blocks (j + d, j), j = 0 .. pairs - 1
+    for (int e = tid; e < pairs * 256; e += kThreads) {
+      const int j = e >> 8, r = (e >> 4) & 15, c = e & 15, i = j + d;
+      float x = 0.f;
+      for (int q = 16 * j; q < 16 * i; ++q)
+        x += sA[(16 * i + r) * ldA + q] * sT[q * ldA + 16 * j + c];
+      sA[(16 * j + r) * ldA + 16 * i + c] = x;
+    }
+    __syncthreads();
+    for (int e = tid; e < pairs * 256; e += kThreads) {
+      const int j = e >> 8, r = (e >> 4) & 15, c = e & 15, i = j + d;
+      float t = 0.f;
+      for (int m = 0; m <= r; ++m)
+        t += sT[(16 * i + r) * ldA + 16 * i + m] * sA[(16 * j + m) * ldA + 16 * i + c];
+      sT[(16 * i + r) * ldA + 16 * j + c] = -t;
+    }
+    __syncthreads();
+  }
   if (a.Tinv_out)
     for (int e = tid; e < kC * kC; e += kThreads)
       a.Tinv_out[pidx * kC * kC + e] = sT[(e / kC) * ldA + (e % kC)];
@@ -363,7 +424,35 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
   }
   __syncthreads();
-  for (int base = tid; base < kC * Dv; base += kLoads * kThreads) {
+  if (a.rows16) {  // 8 elements per load, 4 pieces per thread in flight
+    const int pieces = Dv / 8, units = kC * pieces;
+    for (int base = tid; base < units; base += 4 * kThreads) {
+      float vv[4][8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = base + u * kThreads;
+        const int r = e / pieces, j = 8 * (e - r * pieces);
+        if (e < units && sValid[r] != 0.f) {
+          load8_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype,
+                         vv[u]);
+        } else {
+#pragma unroll
+          for (int m = 0; m < 8; ++m) vv[u][m] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = base + u * kThreads;
+        if (e >= units) continue;
+        const int r = e / pieces, j = 8 * (e - r * pieces);
+        const float b = sBeta[r];
+        float4* dv = reinterpret_cast<float4*>(sK + r * ld + j);
+        dv[0] = make_float4(b * vv[u][0], b * vv[u][1], b * vv[u][2], b * vv[u][3]);
+        dv[1] = make_float4(b * vv[u][4], b * vv[u][5], b * vv[u][6], b * vv[u][7]);
+      }
+    }
+  }
+  for (int base = tid; base < (a.rows16 ? 0 : kC * Dv); base += kLoads * kThreads) {
     float vv[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
