@@ -14,6 +14,8 @@ inside the source distribution of the `brotli` package on PyPI. locate_text() fi
 cache, or fetches that sdist with pip and extracts the one file.
 
     python examples/gated_deltanet_lm.py --steps 200        # train on the CPU, then generate
+    python examples/gated_deltanet_lm.py --device cuda      # the same on the GPU (gdr's CUDA
+                                                            # chunked forward and backward)
 """
 
 from __future__ import annotations
@@ -311,13 +313,15 @@ class GatedDeltaNetLM(nn.Module):
 
 def train(model, data, steps: int, batch: int = 8, seq_len: int = 64, lr: float = 3e-3,
           seed: int = 0, log_every: int = 0):
-    """AdamW for `steps` steps on random windows; returns the list of losses."""
+    """AdamW for `steps` steps on random windows; returns the list of losses. The windows come
+    from a CPU generator whatever the model's device, so a CPU and a GPU run see the same data."""
+    device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):
         x, y = get_batch(data, batch, seq_len, gen)
-        loss = model.loss(x, y)
+        loss = model.loss(x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -338,22 +342,36 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-download", action="store_true", help="fail if the text is not cached")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--head-dim", type=int, default=None,
+                    help="key and value head dim (default 16 on the CPU, 64 on cuda, the "
+                         "smallest gdr's CUDA kernels take)")
+    ap.add_argument("--losses-json", default=None, help="write the training losses here")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     try:
         tok, data = load_corpus(download=not args.no_download)
     except (OSError, RuntimeError) as e:
         sys.exit(f"gated_deltanet_lm: {e}")
-    model = GatedDeltaNetLM(Config(vocab_size=tok.vocab_size))
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("gated_deltanet_lm: --device cuda but torch sees no CUDA device")
+    head_dim = args.head_dim or (64 if args.device.startswith("cuda") else 16)
+    model = GatedDeltaNetLM(Config(vocab_size=tok.vocab_size, head_k_dim=head_dim,
+                                   head_v_dim=head_dim)).to(args.device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"text: {data.numel()} characters, vocab {tok.vocab_size}; model: {n_params} parameters")
     t0 = time.time()
-    train(model, data, args.steps, args.batch, args.seq_len, args.lr, args.seed,
-          log_every=max(1, args.steps // 10))
-    print(f"trained {args.steps} steps in {time.time() - t0:.1f} s")
-    prompt = tok.encode(args.prompt)[None]
+    losses = train(model, data, args.steps, args.batch, args.seq_len, args.lr, args.seed,
+                   log_every=max(1, args.steps // 10))
+    print(f"trained {args.steps} steps in {time.time() - t0:.1f} s on {args.device}")
+    if args.losses_json:
+        import json
+        with open(args.losses_json, "w") as f:
+            json.dump({"device": args.device, "head_dim": head_dim, "seed": args.seed,
+                       "batch": args.batch, "seq_len": args.seq_len, "losses": losses}, f)
+    prompt = tok.encode(args.prompt)[None].to(args.device)
     out = model.generate(prompt, args.new_tokens)
-    print(args.prompt + tok.decode(out[0]))
+    print(args.prompt + tok.decode(out[0].cpu()))
 
 
 if __name__ == "__main__":
