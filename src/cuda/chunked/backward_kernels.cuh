@@ -127,28 +127,59 @@ __device__ __forceinline__ void load_dout_rows(const BwdArgs& b, const SeqInfo& 
   }
 }
 
-// Shared memory of bwd_state_kernel, in floats: sdS [Dk][BV + 8], sdO, sDV [C][BV + 8], sgn [Dk].
-inline std::size_t bwd_state_smem_bytes(int Dk, int BV) {
-  return sizeof(float) * (Dk * (BV + 8) + 2 * kC * (BV + 8) + Dk);
+// Shared memory of bwd_state_kernel, in floats: sdS [Dk][BV + 8], sdO, sDV [C][BV + 8], sgn [Dk];
+// staged (bwd_state_staged: the chunk's operands fit next to them) also sP [C][C + 4] and sKd,
+// sQs, sW [C][Dk + 4].
+inline std::size_t bwd_state_smem_bytes(int Dk, int BV, bool staged) {
+  const std::size_t base = Dk * (BV + 8) + 2 * kC * (BV + 8) + Dk;
+  return sizeof(float) * (base + (staged ? kC * (kC + 4) + 3 * kC * (Dk + 4) : 0));
+}
+// The operands P, Kd, Qs, W of a chunk are staged in shared memory (cp.async, one chunk ahead)
+// when they fit within the opt-in limit of one block (Dk <= 128 at BV <= 32: 160 KB); else the
+// kernel reads them from global memory (Dk = 256).
+inline bool bwd_state_staged(int Dk, int BV, std::size_t smem_optin) {
+  return bwd_state_smem_bytes(Dk, BV, true) <= smem_optin;
 }
 
-template <int BV, bool X3>
+// Staged: per chunk c (last first) two groups of copies, each issued one phase ahead of its use:
+// A(c) = P, Kd (read by the dVnew product) is issued once chunk c + 1's dVnew product is done,
+// B(c) = Qs, W (read by the dS update) as chunk c starts, so both overlap the other phase's work.
+template <int BV, bool X3, bool Staged>
 __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
   constexpr int ld = BV + 8;
+  constexpr int ldP = kC + 4;
+  const int ldX = Dk + 4;
   float* sdS = smem;
   float* sdO = sdS + Dk * ld;
   float* sDV = sdO + kC * ld;
   float* sgn = sDV + kC * ld;
+  float* sP = sgn + Dk;  // staged only
+  float* sKd = sP + kC * ldP;
+  float* sQs = sKd + kC * ldX;
+  float* sW = sQs + kC * ldX;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t n = blockIdx.x;
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
   const SeqInfo seq = seq_info(a, n);
+  auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
+  auto issue_A = [&](std::int64_t c) {
+    copy_rows(sP, ldP, f32(a.P) + item(c) * kC * kC, kC, kC, kC);
+    copy_rows(sKd, ldX, f32(a.Kd) + item(c) * kC * Dk, Dk, kC, Dk);
+  };
+  auto issue_B = [&](std::int64_t c) {
+    copy_rows(sQs, ldX, f32(a.Qs) + item(c) * kC * Dk, Dk, kC, Dk);
+    copy_rows(sW, ldX, f32(a.W) + item(c) * kC * Dk, Dk, kC, Dk);
+  };
+  if constexpr (Staged) {
+    if (seq.chunks > 0) issue_A(seq.chunks - 1);
+    detail::cp_async_commit();
+  }
   for (int e = tid; e < Dk * BV; e += kThreads) {
     const int i = e / BV, j = e - i * BV;
     float s = 0.f;
@@ -165,7 +196,11 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
     const std::int64_t t0 = seq.bos + c * kC;
     const std::int64_t rem = seq.len - c * kC;
     const int len = rem < kC ? static_cast<int>(rem) : kC;
-    __syncthreads();  // the previous chunk's update of sdS, reads of sdO / sDV
+    __syncthreads();  // the previous chunk's update of sdS, reads of sdO / sDV / sQs / sW
+    if constexpr (Staged) {
+      issue_B(c);
+      detail::cp_async_commit();
+    }
     {
       float* rec = b.dS + pidx * Dk * Dv;
       for (int e = tid; e < Dk * BV; e += kThreads) {
@@ -175,37 +210,47 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
     }
     load_dout_rows(b, seq, t0, len, h, col0, BV, sdO, ld);
     for (int i = tid; i < Dk; i += kThreads) sgn[i] = a.per_key ? a.gn[pidx * Dk + i] : a.gn[pidx];
+    if constexpr (Staged) cp_async_wait<1>();  // A(c)
     __syncthreads();
     // dVnew = P^T dO + Kd dS: tiles 16 x 16 of [C, BV].
     {
-      const float* P = f32(a.P) + pidx * kC * kC;
-      const float* Kd = f32(a.Kd) + pidx * kC * Dk;
+      const float* P = Staged ? sP : f32(a.P) + pidx * kC * kC;
+      const float* Kd = Staged ? sKd : f32(a.Kd) + pidx * kC * Dk;
+      const int lp = Staged ? ldP : kC, lk = Staged ? ldX : Dk;
       float* dVn = b.dVn + pidx * kC * Dv + col0;
       constexpr int tiles = 4 * (BV / 16);
       for (int t = warp; t < tiles; t += kThreads / 32) {
         const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
         float acc[2][4] = {};
         mma_tile<2, X3>(
-            acc, kC, [&](int i, int k) { return P[k * kC + r0 + i]; },
+            acc, kC, [&](int i, int k) { return P[k * lp + r0 + i]; },
             [&](int k, int j) { return sdO[k * ld + j0 + j]; });
         mma_tile<2, X3>(
-            acc, Dk, [&](int i, int k) { return Kd[(r0 + i) * Dk + k]; },
+            acc, Dk, [&](int i, int k) { return Kd[(r0 + i) * lk + k]; },
             [&](int k, int j) { return sdS[k * ld + j0 + j]; });
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
-            sDV[r * ld + j] = acc[nt][e];
-            dVn[r * Dv + j] = acc[nt][e];
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
+            const float2 v = make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+            *reinterpret_cast<float2*>(sDV + r * ld + j) = v;
+            *reinterpret_cast<float2*>(dVn + std::int64_t(r) * Dv + j) = v;
           }
       }
     }
     __syncthreads();
+    if constexpr (Staged) {
+      if (c > 0) issue_A(c - 1);
+      detail::cp_async_commit();
+      cp_async_wait<1>();  // B(c)
+      __syncthreads();
+    }
     // dS <- gn .* dS + Qs^T dO - W^T dVnew: tiles 16 x 16 of [Dk, BV].
     {
-      const float* Qs = f32(a.Qs) + pidx * kC * Dk;
-      const float* W = f32(a.W) + pidx * kC * Dk;
+      const float* Qs = Staged ? sQs : f32(a.Qs) + pidx * kC * Dk;
+      const float* W = Staged ? sW : f32(a.W) + pidx * kC * Dk;
+      const int lx = Staged ? ldX : Dk;
       const int tiles = (Dk / 16) * (BV / 16);
       for (int t = warp; t < tiles; t += kThreads / 32) {
         const int i0 = 16 * (t % (Dk / 16)), j0 = 16 * (t / (Dk / 16));
@@ -218,10 +263,10 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
             acc[nt][e] = sgn[i] * sdS[i * ld + j];
           }
         mma_tile<2, X3>(
-            acc, kC, [&](int i, int k) { return Qs[k * Dk + i0 + i]; },
+            acc, kC, [&](int i, int k) { return Qs[k * lx + i0 + i]; },
             [&](int k, int j) { return sdO[k * ld + j0 + j]; });
         mma_tile<2, X3>(
-            acc, kC, [&](int i, int k) { return -W[k * Dk + i0 + i]; },
+            acc, kC, [&](int i, int k) { return -W[k * lx + i0 + i]; },
             [&](int k, int j) { return sDV[k * ld + j0 + j]; });
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -233,6 +278,7 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
       }
     }
   }
+  if constexpr (Staged) cp_async_wait<0>();
   __syncthreads();
   if (b.dh0) {
     for (int e = tid; e < Dk * BV; e += kThreads) {

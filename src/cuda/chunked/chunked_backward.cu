@@ -42,8 +42,13 @@ void prepare(Kernel kernel, std::size_t smem, int device, const char* op) {
 
 template <int BV, bool X3>
 void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::bwd_state_kernel<BV, X3>;
-  const std::size_t smem = chunked::bwd_state_smem_bytes(b.c.Dk, BV);
+  int smem_optin = 0;
+  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
+        "cudaDeviceGetAttribute");
+  const bool staged = chunked::bwd_state_staged(b.c.Dk, BV, static_cast<std::size_t>(smem_optin));
+  const auto kernel =
+      staged ? chunked::bwd_state_kernel<BV, X3, true> : chunked::bwd_state_kernel<BV, X3, false>;
+  const std::size_t smem = chunked::bwd_state_smem_bytes(b.c.Dk, BV, staged);
   prepare(kernel, smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(b.c.N), static_cast<unsigned>(b.c.Hv),
                 static_cast<unsigned>(b.c.Dv / BV)),
