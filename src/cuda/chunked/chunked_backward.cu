@@ -37,7 +37,7 @@ using chunked::kThreads;
 
 template <class Kernel>
 void prepare(Kernel kernel, std::size_t smem, int device, const char* op) {
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
 }
 
 std::size_t smem_optin(int device, const char* op) {

@@ -30,7 +30,7 @@ using chunked::kThreads;
 void launch_combine(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunked::segment_combine_kernel;
   const std::size_t smem = chunked::combine_smem_bytes(a.Dk);
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / chunked::kCombineBV)),
            kThreads, smem, stream>>>(a);
@@ -45,7 +45,7 @@ template <class St, bool S16>
 void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunked::chunk_output_kernel<kOutBV, St, S16>;
   const std::size_t smem = chunked::output_smem_bytes<St, S16>(a.Dk, kOutBV);
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   const std::int64_t blocks = a.slots * a.Hv * (a.Dv / kOutBV);
   if (blocks > INT_MAX) refuse(op, "too many chunks for one call");
   launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, smem, stream,

@@ -83,7 +83,7 @@ template <bool PerKey, class St>
 void launch_prep_kernel(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunk_prep_kernel<PerKey, St>;
   const std::size_t smem = prep_smem_bytes(a.Dk, a.Dv, PerKey);
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv)), kThreads, smem,
            stream>>>(a);
   check(cudaGetLastError(), op, "chunk_prep_kernel launch");
@@ -96,7 +96,7 @@ void launch_state_kernel(const ChunkArgs& a, int nbuf, int mode, int device, cud
                          const char* op) {
   const auto kernel = state_pass_kernel<BV, St>;
   const std::size_t smem = state_smem_bytes<St>(a.Dk, BV, nbuf);
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   const std::int64_t x = mode == 0 ? a.N : a.seg_slots;
   const int cols = mode == 1 ? a.Dv + a.Dk : a.Dv;
   kernel<<<dim3(static_cast<unsigned>(x), static_cast<unsigned>(a.Hv),

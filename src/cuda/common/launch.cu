@@ -61,7 +61,8 @@ int blocks_per_sm(const void* kernel, int threads, std::size_t smem, int device,
   return per_sm;
 }
 
-void allow_shared(const void* kernel, std::size_t smem, int device, const char* op) {
+void allow_shared(const void* kernel, std::size_t smem, int device, const char* op,
+                  bool prefer_shared) {
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, std::size_t> done;
   std::lock_guard<std::mutex> lock(mutex);
@@ -70,6 +71,10 @@ void allow_shared(const void* kernel, std::size_t smem, int device, const char* 
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         op, "cudaFuncSetAttribute(maxDynamicSharedMemorySize)");
+  if (prefer_shared)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared),
+          op, "cudaFuncSetAttribute(preferredSharedMemoryCarveout)");
   have = smem;
 }
 

@@ -35,8 +35,11 @@ int sm_count(int device, const char* op);
 int blocks_per_sm(const void* kernel, int threads, std::size_t smem, int device, const char* op);
 
 // Allows `kernel` `smem` bytes of dynamic shared memory (above the default 48 KB) on `device`,
-// once per (kernel, device).
-void allow_shared(const void* kernel, std::size_t smem, int device, const char* op);
+// once per (kernel, device). prefer_shared: also asks for the largest shared-memory carveout of
+// the unified L1 / shared storage, so that as many blocks of a shared-memory-bound kernel are
+// resident as the shared memory allows (the driver's default split may leave room for fewer).
+void allow_shared(const void* kernel, std::size_t smem, int device, const char* op,
+                  bool prefer_shared = false);
 
 // Launches kernel(args...) on `grid` blocks; with `pdl`, as a programmatic dependent launch
 // (sm_90: the kernel may start while the previous kernel in the stream drains and waits for it in
