@@ -91,10 +91,12 @@ static __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
 
 // Shared memory of chunk_prep_kernel, in floats: sK, sQ [C][ld] (ld = max(Dk, Dv) + 4), sG
 // [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C], the inverse norms of q and k [C]
-// each (1 without qk_l2norm).
-inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key) {
+// each (1 without qk_l2norm); with rows16 then the raw 16-bit v rows [C][Dv + 8], copied with
+// cp.async as the block starts (they arrive while q, k, A and Tinv are computed).
+inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key, bool rows16) {
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
-  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 4 * kC);
+  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 4 * kC) +
+         (rows16 ? sizeof(std::uint16_t) * kC * (Dv + 8) : 0);
 }
 
 template <bool PerKey, class St>
@@ -113,6 +115,9 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   float* sValid = sBeta + kC;
   float* sNq = sValid + kC;
   float* sNk = sNq + kC;
+  // rows16: the raw 16-bit v rows (f16 or bf16 bits), row stride Dv + 8.
+  std::uint16_t* sVraw = reinterpret_cast<std::uint16_t*>(sNk + kC);
+  const int ldVr = Dv + 8;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const std::int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
@@ -132,6 +137,11 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   const std::int64_t t0 = seq.bos + c * kC;
   const std::int64_t rem = seq.len - c * kC;
   const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+  if (a.rows16) {  // v rows in flight from the start (rows past the chunk zero-filled)
+    copy_token_rows(reinterpret_cast<__nv_bfloat16*>(sVraw), ldVr, a.v, a.v_sb, a.v_st, a.v_sh,
+                    seq.b, t0, h, len, Dv);
+    detail::cp_async_commit();
+  }
 
   if (tid < kC) {
     bool valid = tid < len;
@@ -260,12 +270,17 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       }
     }
   } else {
-    if (tid == 0) {
-      float s = 0.f;
-      for (int r = 0; r < kC; ++r) {
-        s += sG[r];
-        sG[r] = s;
+    if (warp == 0) {  // inclusive scan of the 64 gates: two per lane, then across the lanes
+      const float g0 = sG[2 * lane], g1 = sG[2 * lane + 1];
+      float x = g0 + g1;
+#pragma unroll
+      for (int m = 1; m < 32; m <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, x, m);
+        if (lane >= m) x += y;
       }
+      const float before = x - (g0 + g1);  // the lanes below this one
+      sG[2 * lane] = before + g0;
+      sG[2 * lane + 1] = before + g0 + g1;
     }
   }
   __syncthreads();
@@ -423,33 +438,21 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       }
     }
   }
+  if (a.rows16) cp_async_wait<0>();  // this thread's v copies
   __syncthreads();
-  if (a.rows16) {  // 8 elements per load, 4 pieces per thread in flight
+  if (a.rows16) {  // beta .* V from the prefetched raw rows, 8 elements per 16-byte read
     const int pieces = Dv / 8, units = kC * pieces;
-    for (int base = tid; base < units; base += 4 * kThreads) {
-      float vv[4][8];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int e = base + u * kThreads;
-        const int r = e / pieces, j = 8 * (e - r * pieces);
-        if (e < units && sValid[r] != 0.f) {
-          load8_as_float(a.v, seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh + j, a.in_dtype,
-                         vv[u]);
-        } else {
-#pragma unroll
-          for (int m = 0; m < 8; ++m) vv[u][m] = 0.f;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int e = base + u * kThreads;
-        if (e >= units) continue;
-        const int r = e / pieces, j = 8 * (e - r * pieces);
-        const float b = sBeta[r];
-        float4* dv = reinterpret_cast<float4*>(sK + r * ld + j);
-        dv[0] = make_float4(b * vv[u][0], b * vv[u][1], b * vv[u][2], b * vv[u][3]);
-        dv[1] = make_float4(b * vv[u][4], b * vv[u][5], b * vv[u][6], b * vv[u][7]);
-      }
+    for (int e = tid; e < units; e += kThreads) {
+      const int r = e / pieces, j = 8 * (e - r * pieces);
+      float vv[8];
+      smem8_as_float(sVraw + r * ldVr + j, a.in_dtype, vv);
+      const float b = sValid[r] != 0.f ? sBeta[r] : 0.f;
+      const bool live = sValid[r] != 0.f;  // masked rows: zero (their v is never read)
+      float4* dv = reinterpret_cast<float4*>(sK + r * ld + j);
+      dv[0] = live ? make_float4(b * vv[0], b * vv[1], b * vv[2], b * vv[3])
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      dv[1] = live ? make_float4(b * vv[4], b * vv[5], b * vv[6], b * vv[7])
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   for (int base = tid; base < (a.rows16 ? 0 : kC * Dv); base += kLoads * kThreads) {
