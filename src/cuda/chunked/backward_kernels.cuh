@@ -328,28 +328,18 @@ __global__ void __launch_bounds__(kThreads) bwd_vnew_kernel(BwdArgs b) {
   }
 }
 
-// Shared memory of bwd_dvb_kernel, in floats: sdO [C][Dv + 4]; staged (bwd_dvb_staged) also sTi
-// [C][C + 4], sdVn, sVn, sdVb [C][Dv + 4] (the chunk's operands, copied with cp.async as the block
-// starts, and dVb as computed).
-inline std::size_t bwd_dvb_smem_bytes(int Dv, bool staged) {
-  return sizeof(float) * (kC * (Dv + 4) + (staged ? kC * (kC + 4) + 3 * kC * (Dv + 4) : 0));
-}
-inline bool bwd_dvb_staged(int Dv, std::size_t smem_optin) {
-  return bwd_dvb_smem_bytes(Dv, true) <= smem_optin;  // Dv <= 128
+// Shared memory of bwd_dvb_kernel, in floats: sdO [C][Dv + 4].
+inline std::size_t bwd_dvb_smem_bytes(int Dv) {
+  return sizeof(float) * kC * (Dv + 4);
 }
 
-template <bool X3, bool Staged>
+template <bool X3>
 __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
   extern __shared__ float4 smem4[];
   float* sdO = reinterpret_cast<float*>(smem4);
   const int Dv = a.Dv;
   const int ld = Dv + 4;
-  constexpr int ldT = kC + 4;
-  float* sTi = sdO + kC * ld;  // staged only
-  float* sdVn = sTi + kC * ldT;
-  float* sVn = sdVn + kC * ld;
-  float* sdVb = sVn + kC * ld;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t slot = blockIdx.x;
@@ -359,39 +349,26 @@ __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
   int len;
   if (!slot_chunk(a, slot, seq, t0, len)) return;
   const std::int64_t pidx = slot * a.Hv + h;
-  const float* gTi = a.Tinv_out + pidx * kC * kC;
-  const float* gdVn = b.dVn + pidx * kC * Dv;
-  const float* gVn = f32(a.U) + pidx * kC * Dv;
-  float* dVb = b.dVb + pidx * kC * Dv;
-  if constexpr (Staged) {
-    copy_rows(sTi, ldT, gTi, kC, kC, kC);
-    copy_rows(sdVn, ld, gdVn, Dv, kC, Dv);
-    copy_rows(sVn, ld, gVn, Dv, kC, Dv);
-    detail::cp_async_commit();
-  }
   load_dout_rows(b, seq, t0, len, h, 0, Dv, sdO, ld);
-  if constexpr (Staged) cp_async_wait<0>();
   __syncthreads();
-  const float* Ti = Staged ? sTi : gTi;
-  const float* dVn = Staged ? sdVn : gdVn;
-  const float* Vn = Staged ? sVn : gVn;
-  const float* dVbr = Staged ? sdVb : dVb;  // dVb as read back (phase 2)
-  const int lt = Staged ? ldT : kC, lv = Staged ? ld : Dv;
+  const float* Ti = a.Tinv_out + pidx * kC * kC;
+  const float* dVn = b.dVn + pidx * kC * Dv;
+  const float* Vn = f32(a.U) + pidx * kC * Dv;
+  float* dVb = b.dVb + pidx * kC * Dv;
   // dVb = Tinv^T dVnew; dv = beta .* dVb.
   const int tiles = 4 * (Dv / 16);
   for (int t = warp; t < tiles; t += kThreads / 32) {
     const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
     float acc[2][4] = {};
     mma_tile<2, X3>(
-        acc, kC, [&](int i, int k) { return Ti[k * lt + r0 + i]; },
-        [&](int k, int j) { return dVn[k * lv + j0 + j]; });
+        acc, kC, [&](int i, int k) { return Ti[k * kC + r0 + i]; },
+        [&](int k, int j) { return dVn[k * Dv + j0 + j]; });
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
         dVb[r * Dv + j] = acc[nt][e];
-        if constexpr (Staged) sdVb[r * ld + j] = acc[nt][e];
         if (b.dv && r < len) {
           float x = 0.f;
           if (row_live(a, seq, t0, r, len)) {
@@ -415,11 +392,11 @@ __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
       if (which == 0)
         mma_tile<2, X3>(
             acc, Dv, [&](int i, int k) { return sdO[(r0 + i) * ld + k]; },
-            [&](int k, int j) { return Vn[(j0 + j) * lv + k]; });
+            [&](int k, int j) { return Vn[(j0 + j) * Dv + k]; });
       else
         mma_tile<2, X3>(
-            acc, Dv, [&](int i, int k) { return dVbr[(r0 + i) * lv + k]; },
-            [&](int k, int j) { return Vn[(j0 + j) * lv + k]; });
+            acc, Dv, [&](int i, int k) { return dVb[(r0 + i) * Dv + k]; },
+            [&](int k, int j) { return Vn[(j0 + j) * Dv + k]; });
     }
     float* out = (which == 0 ? b.dMq : b.dA) + pidx * kC * kC;
 #pragma unroll
@@ -438,7 +415,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
     float s = 0.f;
     if (row_live(a, seq, t0, r, len)) {
       const std::int64_t voff = seq.b * a.v_sb + (t0 + r) * a.v_st + h * a.v_sh;
-      for (int j = 0; j < Dv; ++j) s += dVbr[r * lv + j] * load_as_float(a.v, voff + j, a.in_dtype);
+      for (int j = 0; j < Dv; ++j) s += dVb[r * Dv + j] * load_as_float(a.v, voff + j, a.in_dtype);
       const float* dA = b.dA + pidx * kC * kC + r * kC;
       const float* KK = a.KK_out + pidx * kC * kC + r * kC;
       for (int j = 0; j < r; ++j) s += dA[j] * KK[j];
@@ -448,36 +425,22 @@ __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
 }
 
 // Shared memory of bwd_key_kernel: sChan [Wg] double (per-channel dA_log parts), then floats:
-// sdO [C][Dv + 4], sMq, sMk [C][C + 1], sG [C][Wg], sBeta [C], sRow [C] (per-row dg, scalar gate),
-// sRed [kThreads / 32] (the threads' parts of <S, dS>); scalar gate also: sZ [C][C + 1], sPart
-// [3][C][Dk / 8] (row sums of the 16 x 8 tiles), sDb [C] (row sums for dbeta). Staged
-// (bwd_key_staged) also: sVn, sdVb [C][Dv + 4] and two key-band buffers, each sSb, sdSb
-// [16][Dv + 4] (16 rows of S and dS) and sQb, sKb [C][kBandLd] (16 columns of Q and K).
-inline constexpr int kBandLd = 24;  // conflict-free B-operand reads (k = c, c + 4; j = g)
-__host__ __device__ inline std::size_t bwd_key_band_floats(int Dv) {
-  return 2 * 16 * (Dv + 4) + 2 * kC * kBandLd;
-}
-inline std::size_t bwd_key_smem_bytes(int Dk, int Dv, bool per_key, bool staged) {
+// sdO [C][Dv + 4], sMq, sMk [C][C + 1], sG [C][Wg], sBeta [C], sRow [C] (per-row dg, scalar gate);
+// scalar gate also: sZ [C][C + 1], sPart [3][C][Dk / 16] (row sums of the tiles), sDb [C] (row
+// sums for dbeta), sRed [kThreads / 32] (the warps' parts of <S, dS>).
+inline std::size_t bwd_key_smem_bytes(int Dk, int Dv, bool per_key) {
   const int wg = per_key ? Dk : 1;
   const std::size_t scalar_extra =
-      per_key ? 0 : std::size_t(kC) * (kC + 1) + 3 * kC * (Dk / 8) + kC;
-  const std::size_t staged_extra = staged ? 2 * kC * (Dv + 4) + 2 * bwd_key_band_floats(Dv) : 0;
+      per_key ? 0 : std::size_t(kC) * (kC + 1) + 3 * kC * (Dk / 16) + kC + kThreads / 32;
   return sizeof(double) * ((wg + 1) / 2 * 2) +
-         sizeof(float) * (kC * (Dv + 4) + 2 * kC * (kC + 1) + kC * wg + 2 * kC + kThreads / 32 +
-                          scalar_extra + staged_extra);
-}
-// Vnew, dVb and 16-row bands of S, dS (with 16-column bands of Q, K) staged in shared memory
-// (cp.async, the next band copied while the current one computes) when they fit in one block's
-// opt-in limit (Dk = Dv = 128, scalar gate: 218 KB); else the kernel reads them from global memory.
-inline bool bwd_key_staged(int Dk, int Dv, bool per_key, std::size_t smem_optin) {
-  return bwd_key_smem_bytes(Dk, Dv, per_key, true) <= smem_optin;
+         sizeof(float) * (kC * (Dv + 4) + 2 * kC * (kC + 1) + kC * wg + 2 * kC + scalar_extra);
 }
 
 __device__ __forceinline__ float softplus_grad(float x) {
   return x > 20.f ? 1.f : 1.f / (1.f + expf(-x));
 }
 
-template <bool PerKey, bool X3, bool Staged>
+template <bool PerKey, bool X3>
 __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
   extern __shared__ float4 smem4[];
@@ -493,17 +456,12 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   float* sG = sMk + kC * ldM;
   float* sBeta = sG + kC * wg;
   float* sRow = sBeta + kC;
-  float* sRed = sRow + kC;
   // Scalar gate only (bwd_key_smem_bytes):
-  float* sZ = sRed + kThreads / 32;
-  const int parts = Dk / 8;
-  float* sPart = sZ + (PerKey ? 0 : kC * ldM);  // [3][C][parts]: c1, yk, dbk row sums per tile
-  float* sDb = sPart + (PerKey ? 0 : 3 * kC * parts);
-  // Staged only:
-  float* sVn = sDb + (PerKey ? 0 : kC);
-  float* sdVb = sVn + kC * ld;
-  float* sBand = sdVb + kC * ld;
-  const int band_floats = static_cast<int>(bwd_key_band_floats(Dv));
+  float* sZ = sRow + kC;
+  const int parts = Dk / 16;
+  float* sPart = sZ + kC * ldM;  // [3][C][parts]: c1, yk, dbk row sums per 16-column tile
+  float* sDb = sPart + 3 * kC * parts;
+  float* sRed = sDb + kC;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t slot = blockIdx.x;
@@ -527,23 +485,6 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   float* yk = b.yk + pidx * kC * Dk;
   float* dbk = b.dbk + pidx * kC * Dk;
 
-  // The key bands: rows i0 .. i0 + 15 of S and dS, columns i0 .. i0 + 15 of Q and K, into buffer
-  // (i0 / 16) & 1 (staged), or their places in global memory.
-  const bool vecS = (reinterpret_cast<std::uintptr_t>(S) & 15) == 0;
-  auto band = [&](int i0) { return sBand + ((i0 / 16) & 1) * band_floats; };
-  auto issue_band = [&](int i0) {
-    float* B = band(i0);
-    copy_rows(B, ld, S + std::int64_t(i0) * Dv, Dv, 16, Dv, vecS);
-    copy_rows(B + 16 * ld, ld, dS + std::int64_t(i0) * Dv, Dv, 16, Dv);
-    copy_rows(B + 32 * ld, kBandLd, Qn + i0, Dk, kC, 16);
-    copy_rows(B + 32 * ld + kC * kBandLd, kBandLd, Kn + i0, Dk, kC, 16);
-  };
-  if constexpr (Staged) {
-    copy_rows(sVn, ld, Vn, Dv, kC, Dv);
-    copy_rows(sdVb, ld, dVb, Dv, kC, Dv);
-    issue_band(0);
-    detail::cp_async_commit();
-  }
   load_dout_rows(b, seq, t0, len, h, 0, Dv, sdO, ld);
   if (tid < kC) {
     float beta = 0.f;
@@ -575,76 +516,54 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
     }
   }
 
-  // Phase 1, per key band i0 (16 channels; staged: the next band's copies in flight): X1, dKb, Y
-  // on the tensor cores, one 16 x 8 tile of [C, Dk] per warp (row tile warp % 4, column half
-  // warp / 4), the B fragments of S, dS read once per band; elementwise terms. Scalar gate: also
-  // the pairwise terms dxq = Mq' K, dxk = Mk' K, dyk = Mq'^T Q + Mk'^T K of the same tile, and
-  // the tile's row sums of c1 = e (X1 q + beta dKb k), d Y k and e dKb k (fixed order: each lane's
-  // two columns, then the quad's lanes by shuffles) into sPart. <S, dS>: each thread's fixed
-  // share of every band, in band order.
-  float sd_part = 0.f;
-  {
-    const int r0 = 16 * (warp & 3), half = warp >> 2;
-    const float* Av = Staged ? sVn : Vn;
-    const float* Adb = Staged ? sdVb : dVb;
-    const int la = Staged ? ld : Dv;
-    for (int i0 = 0; i0 < Dk; i0 += 16) {
-      if constexpr (Staged) {
-        cp_async_wait<0>();
-        __syncthreads();  // band i0 visible; every warp done with band i0 - 16 (the other buffer)
-        if (i0 + 16 < Dk) issue_band(i0 + 16);
-        detail::cp_async_commit();
-      } else {
-        __syncthreads();  // sMq, sMk, sdO, sG, sBeta ready (first band)
-      }
-      const float* bS = Staged ? band(i0) : S + std::int64_t(i0) * Dv;
-      const float* bdS = Staged ? band(i0) + 16 * ld : dS + std::int64_t(i0) * Dv;
-      const float* bQ = Staged ? band(i0) + 32 * ld : Qn + i0;
-      const float* bK = Staged ? band(i0) + 32 * ld + kC * kBandLd : Kn + i0;
-      const int lb = Staged ? ld : Dv, lq = Staged ? kBandLd : Dk;
-      for (int e = tid; e < 16 * Dv; e += kThreads) {
-        const int r = e / Dv, j = e - r * Dv;
-        sd_part += bS[r * lb + j] * bdS[r * lb + j];
-      }
-      const int c0 = 8 * half;  // this warp's 8 columns of the band
-      float x1[1][4] = {}, kb[1][4] = {}, y[1][4] = {};
-      mma_tile<1, X3>(
-          x1, Dv, [&](int i, int k) { return sdO[(r0 + i) * ld + k]; },
-          [&](int k, int j) { return bS[(c0 + j) * lb + k]; });
-      mma_tile<1, X3>(
-          kb, Dv, [&](int i, int k) { return Adb[(r0 + i) * la + k]; },
-          [&](int k, int j) { return bS[(c0 + j) * lb + k]; });
-      mma_tile<1, X3>(
-          y, Dv, [&](int i, int k) { return Av[(r0 + i) * la + k]; },
-          [&](int k, int j) { return bdS[(c0 + j) * lb + k]; });
-      float dxq[1][4] = {}, dxk[1][4] = {}, dyk[1][4] = {};
-      if constexpr (!PerKey) {
-        mma_tile<1, X3>(
-            dxq, kC, [&](int i, int k) { return sMq[(r0 + i) * ldM + k]; },
-            [&](int k, int j) { return bK[k * lq + c0 + j]; });
-        mma_tile<1, X3>(
-            dxk, kC, [&](int i, int k) { return sMk[(r0 + i) * ldM + k]; },
-            [&](int k, int j) { return bK[k * lq + c0 + j]; });
-        mma_tile<1, X3>(
-            dyk, kC, [&](int i, int k) { return sMq[k * ldM + r0 + i]; },
-            [&](int k, int j) { return bQ[k * lq + c0 + j]; });
-        mma_tile<1, X3>(
-            dyk, kC, [&](int i, int k) { return sMk[k * ldM + r0 + i]; },
-            [&](int k, int j) { return bK[k * lq + c0 + j]; });
-      }
-      float rs[3][2] = {};  // row sums (rows lg, lg + 8) of c1, d Y k, e dKb k
+  // Phase 1: X1, dKb, Y on the tensor cores, tiles 16 x 16 of [C, Dk]; elementwise terms. Scalar
+  // gate: also the pairwise terms dxq = Mq' K, dxk = Mk' K, dyk = Mq'^T Q + Mk'^T K of the same
+  // tile, and the tile's row sums of c1 = e (X1 q + beta dKb k), d Y k and e dKb k (fixed order:
+  // each lane's four columns, then the quad's lanes by shuffles) into sPart.
+  __syncthreads();
+  const int tiles = 4 * (Dk / 16);
+  for (int t = warp; t < tiles; t += kThreads / 32) {
+    const int r0 = 16 * (t & 3), i0 = 16 * (t >> 2);
+    float x1[2][4] = {}, kb[2][4] = {}, y[2][4] = {};
+    mma_tile<2, X3>(
+        x1, Dv, [&](int i, int k) { return sdO[(r0 + i) * ld + k]; },
+        [&](int k, int j) { return S[std::int64_t(i0 + j) * Dv + k]; });
+    mma_tile<2, X3>(
+        kb, Dv, [&](int i, int k) { return dVb[(r0 + i) * Dv + k]; },
+        [&](int k, int j) { return S[std::int64_t(i0 + j) * Dv + k]; });
+    mma_tile<2, X3>(
+        y, Dv, [&](int i, int k) { return Vn[(r0 + i) * Dv + k]; },
+        [&](int k, int j) { return dS[std::int64_t(i0 + j) * Dv + k]; });
+    float dxq[2][4] = {}, dxk[2][4] = {}, dyk[2][4] = {};
+    if constexpr (!PerKey) {
+      mma_tile<2, X3>(
+          dxq, kC, [&](int i, int k) { return sMq[(r0 + i) * ldM + k]; },
+          [&](int k, int j) { return Kn[k * Dk + i0 + j]; });
+      mma_tile<2, X3>(
+          dxk, kC, [&](int i, int k) { return sMk[(r0 + i) * ldM + k]; },
+          [&](int k, int j) { return Kn[k * Dk + i0 + j]; });
+      mma_tile<2, X3>(
+          dyk, kC, [&](int i, int k) { return sMq[k * ldM + r0 + i]; },
+          [&](int k, int j) { return Qn[k * Dk + i0 + j]; });
+      mma_tile<2, X3>(
+          dyk, kC, [&](int i, int k) { return sMk[k * ldM + r0 + i]; },
+          [&](int k, int j) { return Kn[k * Dk + i0 + j]; });
+    }
+    float rs[3][2] = {};  // row sums (rows lg, lg + 8) of c1, d Y k, e dKb k
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = r0 + lg + 8 * (e >> 1), ib = c0 + 2 * lc + (e & 1), i = i0 + ib;
+        const int r = r0 + lg + 8 * (e >> 1), i = i0 + 8 * nt + 2 * lc + (e & 1);
         const float G = sG[r * wg + (PerKey ? i : 0)];
         const float Gn = sG[(kC - 1) * wg + (PerKey ? i : 0)];
         const float eg = expf(G), d = expf(Gn - G);
-        const float q = bQ[r * lq + ib], k = bK[r * lq + ib], beta = sBeta[r];
-        const float X1 = a.scale * x1[0][e], dkb = -kb[0][e], Y = y[0][e];
+        const float q = Qn[r * Dk + i], k = Kn[r * Dk + i], beta = sBeta[r];
+        const float X1 = a.scale * x1[nt][e], dkb = -kb[nt][e], Y = y[nt][e];
         const int o = r * Dk + i;
         const float c1 = eg * (X1 * q + beta * dkb * k), ykv = d * Y * k, dbkv = eg * dkb * k;
-        dqh[o] = eg * X1 + dxq[0][e];
-        dkh[o] = beta * eg * dkb + d * Y + dxk[0][e] + dyk[0][e];
+        dqh[o] = eg * X1 + dxq[nt][e];
+        dkh[o] = beta * eg * dkb + d * Y + dxk[nt][e] + dyk[nt][e];
         if constexpr (PerKey) {
           dgc[o] = c1;
           yk[o] = ykv;
@@ -655,22 +574,18 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
           rs[2][e >> 1] += dbkv;
         }
       }
-      if constexpr (!PerKey) {
+    if constexpr (!PerKey) {
 #pragma unroll
-        for (int w = 0; w < 3; ++w)
+      for (int w = 0; w < 3; ++w)
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            float x = rs[w][hr];
-            x += __shfl_xor_sync(0xffffffffu, x, 1);
-            x += __shfl_xor_sync(0xffffffffu, x, 2);
-            if (lc == 0) sPart[(w * kC + r0 + lg + 8 * hr) * parts + (i0 + c0) / 8] = x;
-          }
-      }
+        for (int hr = 0; hr < 2; ++hr) {
+          float x = rs[w][hr];
+          x += __shfl_xor_sync(0xffffffffu, x, 1);
+          x += __shfl_xor_sync(0xffffffffu, x, 2);
+          if (lc == 0) sPart[(w * kC + r0 + lg + 8 * hr) * parts + i0 / 16] = x;
+        }
     }
   }
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) sd_part += __shfl_xor_sync(0xffffffffu, sd_part, m);
-  if (lane == 0) sRed[warp] = sd_part;
   __syncthreads();
 
   if constexpr (!PerKey) {
@@ -694,6 +609,13 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
           const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
           sZ[r * ldM + j] = sMq[r * ldM + j] * qk[nt][e] + sMk[r * ldM + j] * kk[nt][e];
         }
+    }
+    {
+      float sd = 0.f;
+      for (int e = tid; e < Dk * Dv; e += kThreads) sd += S[e] * dS[e];
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
+      if (lane == 0) sRed[warp] = sd;
     }
     __syncthreads();
     if (tid < kC) {  // column suffix sums in place: sZ[t][j] = sum_{r >= t} Z[r, j]

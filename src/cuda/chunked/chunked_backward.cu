@@ -40,16 +40,12 @@ void prepare(Kernel kernel, std::size_t smem, int device, const char* op) {
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
 }
 
-std::size_t smem_optin(int device, const char* op) {
-  int bytes = 0;
-  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
-        "cudaDeviceGetAttribute");
-  return static_cast<std::size_t>(bytes);
-}
-
 template <int BV, bool X3>
 void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
-  const bool staged = chunked::bwd_state_staged(b.c.Dk, BV, smem_optin(device, op));
+  int smem_optin = 0;
+  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
+        "cudaDeviceGetAttribute");
+  const bool staged = chunked::bwd_state_staged(b.c.Dk, BV, static_cast<std::size_t>(smem_optin));
   const auto kernel =
       staged ? chunked::bwd_state_kernel<BV, X3, true> : chunked::bwd_state_kernel<BV, X3, false>;
   const std::size_t smem = chunked::bwd_state_smem_bytes(b.c.Dk, BV, staged);
@@ -79,21 +75,16 @@ void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t s
     launch_bwd_state<32, X3>(b, device, stream, op);
   if (a.slots == 0) return;  // T = 0: dh0 = dfinal_state (or 0), nothing else to write
   {
-    const bool staged = chunked::bwd_dvb_staged(a.Dv, smem_optin(device, op));
-    const auto kernel =
-        staged ? chunked::bwd_dvb_kernel<X3, true> : chunked::bwd_dvb_kernel<X3, false>;
-    const std::size_t smem = chunked::bwd_dvb_smem_bytes(a.Dv, staged);
+    const auto kernel = chunked::bwd_dvb_kernel<X3>;
+    const std::size_t smem = chunked::bwd_dvb_smem_bytes(a.Dv);
     prepare(kernel, smem, device, op);
     kernel<<<grid, kThreads, smem, stream>>>(b);
     check(cudaGetLastError(), op, "bwd_dvb_kernel launch");
   }
   {
-    const bool staged = chunked::bwd_key_staged(a.Dk, a.Dv, a.per_key, smem_optin(device, op));
-    const auto kernel = a.per_key ? (staged ? chunked::bwd_key_kernel<true, X3, true>
-                                            : chunked::bwd_key_kernel<true, X3, false>)
-                                  : (staged ? chunked::bwd_key_kernel<false, X3, true>
-                                            : chunked::bwd_key_kernel<false, X3, false>);
-    const std::size_t smem = chunked::bwd_key_smem_bytes(a.Dk, a.Dv, a.per_key, staged);
+    const auto kernel =
+        a.per_key ? chunked::bwd_key_kernel<true, X3> : chunked::bwd_key_kernel<false, X3>;
+    const std::size_t smem = chunked::bwd_key_smem_bytes(a.Dk, a.Dv, a.per_key);
     prepare(kernel, smem, device, op);
     kernel<<<grid, kThreads, smem, stream>>>(b);
     check(cudaGetLastError(), op, "bwd_key_kernel launch");
