@@ -71,6 +71,9 @@ struct ChunkArgs {
   // 16-bit q, k, v whose rows start 16-byte aligned (data and the strides of the first three dims):
   // the prep kernel loads them 8 elements (16 bytes) at a time.
   bool rows16;
+  // rows16 and the raw v rows fit in the prep kernel's shared memory (chunked_host.cuh
+  // launch_prep_kernel): the prep kernel copies them with cp.async as it starts.
+  bool v_prefetch;
   bool varlen, per_key, v_first, gate_in_kernel, beta_sigmoid, qk_l2norm;
   // Scratch, per (slot, value head) p = slot * Hv + h, elements of the scratch type St (float
   // for fp32 inputs, bf16 for f16 / bf16 inputs): W [C, Dk], U [C, Dv] (overwritten by Vnew in

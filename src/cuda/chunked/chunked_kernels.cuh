@@ -91,12 +91,12 @@ static __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
 
 // Shared memory of chunk_prep_kernel, in floats: sK, sQ [C][ld] (ld = max(Dk, Dv) + 4), sG
 // [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C], the inverse norms of q and k [C]
-// each (1 without qk_l2norm); with rows16 then the raw 16-bit v rows [C][Dv + 8], copied with
-// cp.async as the block starts (they arrive while q, k, A and Tinv are computed).
-inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key, bool rows16) {
+// each (1 without qk_l2norm); with v_prefetch then the raw 16-bit v rows [C][Dv + 8], copied
+// with cp.async as the block starts (they arrive while q, k, A and Tinv are computed).
+inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key, bool v_prefetch) {
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
   return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 4 * kC) +
-         (rows16 ? sizeof(std::uint16_t) * kC * (Dv + 8) : 0);
+         (v_prefetch ? sizeof(std::uint16_t) * kC * (Dv + 8) : 0);
 }
 
 template <bool PerKey, class St>
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   float* sValid = sBeta + kC;
   float* sNq = sValid + kC;
   float* sNk = sNq + kC;
-  // rows16: the raw 16-bit v rows (f16 or bf16 bits), row stride Dv + 8.
+  // v_prefetch: the raw 16-bit v rows (f16 or bf16 bits), row stride Dv + 8.
   std::uint16_t* sVraw = reinterpret_cast<std::uint16_t*>(sNk + kC);
   const int ldVr = Dv + 8;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   const std::int64_t t0 = seq.bos + c * kC;
   const std::int64_t rem = seq.len - c * kC;
   const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
-  if (a.rows16) {  // v rows in flight from the start (rows past the chunk zero-filled)
+  if (a.v_prefetch) {  // v rows in flight from the start (rows past the chunk zero-filled)
     copy_token_rows(reinterpret_cast<__nv_bfloat16*>(sVraw), ldVr, a.v, a.v_sb, a.v_st, a.v_sh,
                     seq.b, t0, h, len, Dv);
     detail::cp_async_commit();
@@ -270,17 +270,14 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       }
     }
   } else {
-    if (warp == 0) {  // inclusive scan of the 64 gates: two per lane, then across the lanes
-      const float g0 = sG[2 * lane], g1 = sG[2 * lane + 1];
-      float x = g0 + g1;
-#pragma unroll
-      for (int m = 1; m < 32; m <<= 1) {
-        const float y = __shfl_up_sync(0xffffffffu, x, m);
-        if (lane >= m) x += y;
+    // In token order, as the CPU paths: the roundings of G_r and G_j then cancel in G_r - G_j
+    // (a tree scan measured a 4e-5 fp32 state error at g = -30; 2026-12-06).
+    if (tid == 0) {
+      float s = 0.f;
+      for (int r = 0; r < kC; ++r) {
+        s += sG[r];
+        sG[r] = s;
       }
-      const float before = x - (g0 + g1);  // the lanes below this one
-      sG[2 * lane] = before + g0;
-      sG[2 * lane + 1] = before + g0 + g1;
     }
   }
   __syncthreads();
@@ -349,7 +346,18 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     const bool rows = !PerKey && a.row_factors;  // Qs, Kd recomputed from q, k where used
     St* Qs = rows ? nullptr : static_cast<St*>(a.Qs) + pidx * kC * Dk;
     St* Kd = rows ? nullptr : static_cast<St*>(a.Kd) + pidx * kC * Dk;
-    for (int e = tid; e < kC * Dk; e += kThreads) {
+    static_assert(kThreads == 4 * kC, "four threads per chunk row");
+    if (rows) {  // only sK <- beta e^G .* K: one factor per row, four threads per row, float4
+      const int r = tid >> 2, part = tid & 3;
+      const float f = sBeta[r] * expf(sG[r]);
+      for (int i = 4 * part; i < Dk; i += 16) {
+        float4* p = reinterpret_cast<float4*>(sK + r * ld + i);
+        float4 x = *p;
+        x.x *= f, x.y *= f, x.z *= f, x.w *= f;
+        *p = x;
+      }
+    }
+    for (int e = tid; e < (rows ? 0 : kC * Dk); e += kThreads) {
       const int r = e / Dk, i = e - r * Dk;
       const float G = PerKey ? sG[r * Dk + i] : sG[r];
       const float Gn = PerKey ? sG[(kC - 1) * Dk + i] : sG[kC - 1];
@@ -438,9 +446,9 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       }
     }
   }
-  if (a.rows16) cp_async_wait<0>();  // this thread's v copies
+  if (a.v_prefetch) cp_async_wait<0>();  // this thread's v copies
   __syncthreads();
-  if (a.rows16) {  // beta .* V from the prefetched raw rows, 8 elements per 16-byte read
+  if (a.v_prefetch) {  // beta .* V from the prefetched raw rows, 8 elements per 16-byte read
     const int pieces = Dv / 8, units = kC * pieces;
     for (int e = tid; e < units; e += kThreads) {
       const int r = e / pieces, j = 8 * (e - r * pieces);
@@ -455,7 +463,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
                    : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  for (int base = tid; base < (a.rows16 ? 0 : kC * Dv); base += kLoads * kThreads) {
+  for (int base = tid; base < (a.v_prefetch ? 0 : kC * Dv); base += kLoads * kThreads) {
     float vv[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
