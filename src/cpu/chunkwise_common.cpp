@@ -168,6 +168,16 @@ void keep_solved(const Workspace<Real>& w, int n, Real* solved) {
 template <class Real, bool PerKey>
 void prepare_gates(Workspace<Real>& w, int n) {
   const int Wg = w.Wg;
+  // A log decay of -inf (exact decay to 0) would make G_r - G_j = -inf - (-inf) = NaN for rows
+  // after it. Below -kLogDecayFloor every factor exp(...) that contains the step is exactly 0 in
+  // float and double, as exp(-inf) is, while the double cumulative sum keeps the other
+  // differences exact (|G| <= 1000 + the chunk's finite gates). NaN passes through (the
+  // comparison is false), so it still reaches the outputs (docs/operator.md §6).
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < Wg; ++i) {
+      Real& g = w.g(r, i);
+      if (g < Real(-kLogDecayFloor)) g = Real(-kLogDecayFloor);
+    }
   // G = cumsum(g) in double: differences G_r - G_j stay exact to fp32 however long the decay.
   w.G.row(0) = w.g.row(0).template cast<double>();
   for (int r = 1; r < n; ++r) w.G.row(r) = w.G.row(r - 1) + w.g.row(r).template cast<double>();

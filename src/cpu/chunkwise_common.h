@@ -168,6 +168,9 @@ void keep_solved(const Workspace<Real>& w, int n, Real* solved);
 
 // Loads the chunk's gates into w.g / w.beta beforehand. Computes G, e, d, gn and the ratios
 // (gam for scalar gates, rf/cf for per-key gates) for n rows.
+// Log decays below -kLogDecayFloor (-inf included) are raised to it in the chunk form: exp of any
+// sum containing such a step underflows to exactly 0 in float and double.
+inline constexpr double kLogDecayFloor = 1000.0;
 template <class Real, bool PerKey>
 void prepare_gates(Workspace<Real>& w, int n);
 
