@@ -126,3 +126,17 @@ def torch_reference(q, k, v, g, beta, scale: Optional[float] = None, initial_sta
     final = torch.stack(finals) if finals else \
         torch.zeros(0, Hv, Dk, Dv, dtype=torch.float64, device=q.device)
     return o, final
+
+
+def load_example(name: str = "gated_deltanet_lm"):
+    """examples/gated_deltanet_lm.py as a module (the examples folder is not a package)."""
+    import importlib.util
+    import pathlib
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(name, root / "examples" / "gated_deltanet_lm.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look the module up
+    spec.loader.exec_module(mod)
+    return mod
+

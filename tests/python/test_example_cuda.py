@@ -3,32 +3,18 @@ CUDA chunked forward and backward: from the same initial weights and the same ba
 curve over the first steps matches the CPU run's (skipped without a GPU or a CUDA build)."""
 
 import copy
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 
 import gdr
+from gdr_testing import load_example
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and gdr.cuda_available()),
     reason="needs a CUDA device and a CUDA build of gdr")
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("gated_deltanet_lm_cuda",
-                                                  ROOT / "examples" / "gated_deltanet_lm.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look the module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lm = _load_example()
+lm = load_example("gated_deltanet_lm_cuda")
 
 
 @pytest.mark.parametrize("seq_len", [100, 300])  # recurrent and chunked CUDA forward (> 256)

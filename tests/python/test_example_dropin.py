@@ -3,28 +3,13 @@ recurrence (written here) gives the same losses; greedy generation gives the sam
 the prompt goes through the chunked or the step-by-step path, and with either backend."""
 
 import copy
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 
-from gdr_testing import torch_reference
+from gdr_testing import load_example, torch_reference
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("gated_deltanet_lm",
-                                                  ROOT / "examples" / "gated_deltanet_lm.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look the module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lm = _load_example()
+lm = load_example()
 
 
 class TorchBackend:

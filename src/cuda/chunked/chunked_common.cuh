@@ -133,10 +133,8 @@ __device__ __forceinline__ float load_as_float(const void* p, std::int64_t off, 
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
 }
 
-// The 8 consecutive 16-bit elements (f16: dtype 1, bf16: 2) at p + off, 16-byte aligned, as floats.
-__device__ __forceinline__ void load8_as_float(const void* p, std::int64_t off, int dtype,
-                                               float (&x)[8]) {
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + off));
+// The 8 16-bit elements (f16: dtype 1, bf16: 2) packed in u, as floats.
+__device__ __forceinline__ void unpack8_as_float(const uint4 u, int dtype, float (&x)[8]) {
   const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
@@ -149,20 +147,16 @@ __device__ __forceinline__ void load8_as_float(const void* p, std::int64_t off, 
   }
 }
 
-// The 8 consecutive 16-bit elements (f16: dtype 1, bf16: 2) at shared p (16-byte aligned), as
-// floats.
+// The 8 consecutive 16-bit elements at global p + off (16-byte aligned), as floats.
+__device__ __forceinline__ void load8_as_float(const void* p, std::int64_t off, int dtype,
+                                               float (&x)[8]) {
+  unpack8_as_float(
+      __ldg(reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + off)), dtype, x);
+}
+
+// The 8 consecutive 16-bit elements at shared p (16-byte aligned), as floats.
 __device__ __forceinline__ void smem8_as_float(const std::uint16_t* p, int dtype, float (&x)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    float2 f;
-    if (dtype == 1)
-      f = __half22float2(*reinterpret_cast<const __half2*>(&w[m]));
-    else
-      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[m]));
-    x[2 * m] = f.x, x[2 * m + 1] = f.y;
-  }
+  unpack8_as_float(*reinterpret_cast<const uint4*>(p), dtype, x);
 }
 
 __device__ __forceinline__ void store_from_float(void* p, std::int64_t off, int dtype, float x) {
