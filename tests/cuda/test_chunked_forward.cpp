@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -160,6 +161,19 @@ TEST(CudaChunkedForward, DecayRegimes) {
     d.g.fill(-30.0);
     check_chunked("decay g=-30", d);
   }
+  // g = -inf at a few steps, one at a chunk's first row and one in the middle of a chunk: an exact
+  // decay to 0 (docs/operator.md §6), finite outputs equal to the reference's.
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      Case c = base_case(1, 200, 1, 2, 64, dtype);
+      c.gate = gate;
+      TestData d = make_problem(c);
+      const std::int64_t width = gate == GateKind::per_key ? c.Dk : 1;
+      for (std::int64_t t : {5, 64, 100, 101})
+        for (std::int64_t i = 0; i < width; i += (t == 100 ? 1 : 3))
+          d.g.set((t * 2 + 1) * width + i, -std::numeric_limits<double>::infinity());
+      check_chunked("decay g=-inf", d);
+    }
 }
 
 TEST(CudaChunkedForward, BetaZeroAndOne) {

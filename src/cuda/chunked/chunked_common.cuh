@@ -168,6 +168,15 @@ __device__ __forceinline__ void store_from_float(void* p, std::int64_t off, int 
     static_cast<__nv_bfloat16*>(p)[off] = __float2bfloat16_rn(x);
 }
 
+// A log decay of -inf is an exact decay to 0 (docs/operator.md §6), but -inf - (-inf) in the
+// chunk-local differences G_r - G_j would be NaN. Below -kLogDecayFloor a gate is raised to it:
+// exp of any sum containing that step is then exactly 0 in fp32 (e^-110 < 2^-149), and the
+// cumulative sums stay of the magnitude strong decays reach anyway. NaN passes (false compare).
+inline constexpr float kLogDecayFloor = 110.f;
+__device__ __forceinline__ float floor_log_decay(float g) {
+  return g < -kLogDecayFloor ? -kLogDecayFloor : g;
+}
+
 __device__ __forceinline__ float softplus(float x) {
   return x > 20.f ? x : log1pf(expf(x));
 }

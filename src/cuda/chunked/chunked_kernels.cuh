@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         float x = gv[u];
         if (a.gate_in_kernel && sValid[r] != 0.f)
           x = negA * softplus(x + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
-        sG[r * Dk + i] = x;
+        sG[r * Dk + i] = floor_log_decay(x);
       }
     }
   }
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         if (a.gate_in_kernel)
           gv = negA * softplus(gv + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f));
       }
-      sG[tid] = gv;
+      sG[tid] = floor_log_decay(gv);
     }
   }
   __syncthreads();
