@@ -139,4 +139,3 @@ def load_example(name: str = "gated_deltanet_lm"):
     sys.modules[spec.name] = mod  # dataclasses look the module up
     spec.loader.exec_module(mod)
     return mod
-

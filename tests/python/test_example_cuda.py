@@ -18,10 +18,11 @@ lm = load_example("gated_deltanet_lm_cuda")
 
 
 @pytest.mark.parametrize("seq_len", [100, 300])  # recurrent and chunked CUDA forward (> 256)
-def test_example_trains_on_cuda_like_on_cpu(seq_len):
-    # fp32 everywhere; cuDNN's TF32 convolutions off so that only summation order differs.
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_example_trains_on_cuda_like_on_cpu(seq_len, monkeypatch):
+    # fp32 everywhere; cuDNN's TF32 convolutions off so that only summation order differs
+    # (monkeypatch restores the process-wide flags afterwards).
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch.manual_seed(0)
     # Synthetic tokens (no download on the GPU machine) with a learnable rule:
     # x_t = (3 x_{t-1} + e_t) mod 40, e_t in {0, 1}.

@@ -42,10 +42,8 @@ void prepare(Kernel kernel, std::size_t smem, int device, const char* op) {
 
 template <int BV, bool X3>
 void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
-  int smem_optin = 0;
-  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
-        "cudaDeviceGetAttribute");
-  const bool staged = chunked::bwd_state_staged(b.c.Dk, BV, static_cast<std::size_t>(smem_optin));
+  const bool staged =
+      chunked::bwd_state_staged(b.c.Dk, BV, static_cast<std::size_t>(smem_optin(device, op)));
   const auto kernel =
       staged ? chunked::bwd_state_kernel<BV, X3, true> : chunked::bwd_state_kernel<BV, X3, false>;
   const std::size_t smem = chunked::bwd_state_smem_bytes(b.c.Dk, BV, staged);

@@ -131,9 +131,7 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   }
   const int dev = prob.device_index;
   const int sms = sm_count(dev, op);
-  int smem_optin = 0;
-  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op,
-        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  const int smem_optin = cuda::smem_optin(dev, op);
 
   // Segment split of the state pass: chunks per segment from the rule, or the override (tests).
   static const DecodeOverrides kRules{};

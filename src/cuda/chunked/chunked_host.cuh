@@ -82,12 +82,9 @@ inline ChunkArgs chunk_inputs(const Problem& prob, const Inputs& in, const Optio
 template <bool PerKey, class St>
 void launch_prep_kernel(const ChunkArgs& args, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunk_prep_kernel<PerKey, St>;
-  int optin = 0;
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
-        "cudaDeviceGetAttribute");
   ChunkArgs a = args;
-  a.v_prefetch =
-      a.rows16 && prep_smem_bytes(a.Dk, a.Dv, PerKey, true) <= static_cast<std::size_t>(optin);
+  a.v_prefetch = a.rows16 && prep_smem_bytes(a.Dk, a.Dv, PerKey, true) <=
+                                 static_cast<std::size_t>(smem_optin(device, op));
   const std::size_t smem = prep_smem_bytes(a.Dk, a.Dv, PerKey, a.v_prefetch);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv)), kThreads, smem,

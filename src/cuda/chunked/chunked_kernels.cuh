@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       const int r = e / pieces, j = 8 * (e - r * pieces);
       float vv[8];
       smem8_as_float(sVraw + r * ldVr + j, a.in_dtype, vv);
-      const float b = sValid[r] != 0.f ? sBeta[r] : 0.f;
+      const float b = sBeta[r];
       const bool live = sValid[r] != 0.f;  // masked rows: zero (their v is never read)
       float4* dv = reinterpret_cast<float4*>(sK + r * ld + j);
       dv[0] = live ? make_float4(b * vv[0], b * vv[1], b * vv[2], b * vv[3])

@@ -43,6 +43,19 @@ int sm_count(int device, const char* op) {
   return count;
 }
 
+int smem_optin(int device, const char* op) {
+  static std::atomic<int> cache[64] = {};
+  if (device >= 0 && device < 64) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int bytes = 0;
+  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
+        "cudaDeviceGetAttribute(maxSharedMemoryPerBlockOptin)");
+  if (device >= 0 && device < 64) cache[device].store(bytes, std::memory_order_relaxed);
+  return bytes;
+}
+
 int blocks_per_sm(const void* kernel, int threads, std::size_t smem, int device, const char* op) {
   using Key = std::tuple<const void*, int, std::size_t, int>;
   static std::mutex mutex;

@@ -30,6 +30,9 @@ class DeviceGuard {
 // The device's SM count (asked once per device).
 int sm_count(int device, const char* op);
 
+// The device's opt-in limit of dynamic shared memory per block, in bytes (asked once per device).
+int smem_optin(int device, const char* op);
+
 // Blocks of `kernel` resident at once on one SM for `threads` per block and `smem` bytes of
 // dynamic shared memory; asked once per (kernel, device, block shape).
 int blocks_per_sm(const void* kernel, int threads, std::size_t smem, int device, const char* op);
