@@ -103,7 +103,8 @@ inline ForwardParams mirror_forward_params(DeviceMirror& m, const ForwardParams&
 // (ExecConfig::decode_overrides), null for the rules.
 inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr,
                                       Path path = Path::sequential,
-                                      const DecodeOverrides* overrides = nullptr) {
+                                      const DecodeOverrides* overrides = nullptr,
+                                      const ScratchAllocator* scratch = nullptr) {
   d.o.poison();
   if (d.final_state.defined()) d.final_state.poison();
   ForwardParams host = d.forward_params();
@@ -113,6 +114,7 @@ inline ForwardResult run_forward_cuda(TestData& d, cudaStream_t stream = nullptr
   cfg.stream = stream;
   cfg.path = path;
   cfg.decode_overrides = overrides;
+  cfg.scratch = scratch;
   forward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "forward");
   DeviceMirror::to_host(p.o, host.o);
@@ -152,8 +154,11 @@ inline BackwardParams mirror_backward_params(DeviceMirror& m, const BackwardPara
 // Runs gdr::backward on device copies of d's tensors (every gradient poisoned with NaN first) and
 // returns the gradients as doubles, like run_backward on the host. `saved`: a device tensor
 // filled by the CUDA forward of the same call (BackwardParams::saved), or undefined.
+// `overrides` and `scratch` as ExecConfig's (null: the rules, cudaMallocAsync).
 inline BackwardResult run_backward_cuda(TestData& d, cudaStream_t stream = nullptr,
-                                        const TensorView& saved = {}, Path path = Path::automatic) {
+                                        const TensorView& saved = {}, Path path = Path::automatic,
+                                        const DecodeOverrides* overrides = nullptr,
+                                        const ScratchAllocator* scratch = nullptr) {
   for (HostTensor* t : {&d.dq, &d.dk, &d.dv, &d.dg, &d.dbeta, &d.dA_log, &d.ddt_bias, &d.dh0})
     t->poison();
   BackwardParams host = d.backward_params();
@@ -163,6 +168,8 @@ inline BackwardResult run_backward_cuda(TestData& d, cudaStream_t stream = nullp
   ExecConfig cfg;
   cfg.stream = stream;
   cfg.path = path;
+  cfg.decode_overrides = overrides;
+  cfg.scratch = scratch;
   backward(p, cfg);
   cuda_check(cudaStreamSynchronize(stream), "backward");
   DeviceMirror::to_host(p.dq, host.dq);

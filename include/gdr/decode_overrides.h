@@ -2,8 +2,9 @@
 // The plan (docs/cuda-decode.md §Dispatch table) picks a kernel, its launch shape and schedule by
 // rules measured on the H200; an override forces one choice where it exists and leaves the rules
 // elsewhere. Production calls leave ExecConfig::decode_overrides null. gdr::decode and
-// gdr::forward on CUDA tensors read it (the forward's recurrent path runs the same kernels); the
-// CPU paths ignore it. Not a stable interface: its fields follow the kernels.
+// gdr::forward on CUDA tensors read it (the forward's recurrent path runs the same kernels), and
+// gdr::backward its chunked_backward_window; the CPU paths ignore it. Not a stable interface: its
+// fields follow the kernels.
 #pragma once
 
 #include <cstdint>
@@ -47,12 +48,14 @@ struct DecodeOverrides {
                               //   it is launched plainly either way)
   int chunked_segments = 0;   // the chunked forward (Path::chunkwise on cuda): chunks per segment
                               //   of the state pass's exact segment split (> 0), or -1 = no split
-  int chunked_state_columns = 0;  // the chunked forward's state pass (unsplit): 16 or 32 value
-                                  //   columns per block
-  int chunked_state_buffers = 0;  // the chunked forward's state pass: 1 or 2 W / Kd buffers
-                                  //   (2 only where the shared memory allows)
-  int chunked_overlap = 0;        // the chunked forward: 1 = the output kernel after the state
-                                  //   pass, 2 = overlapped with it where possible (the rule: 2)
+  int chunked_state_columns = 0;    // the chunked forward's state pass (unsplit): 16 or 32 value
+                                    //   columns per block
+  int chunked_state_buffers = 0;    // the chunked forward's state pass: 1 or 2 W / Kd buffers
+                                    //   (2 only where the shared memory allows)
+  int chunked_overlap = 0;          // the chunked forward: 1 = the output kernel after the state
+                                    //   pass, 2 = overlapped with it where possible (the rule: 2)
+  int chunked_backward_window = 0;  // the chunked backward given the forward's chunk states:
+                                    //   chunk slots per window of its per-chunk scratch (> 0)
 };
 
 }  // namespace gdr

@@ -5,6 +5,8 @@
 // Every tensor's last dim must be contiguous (stride 1).
 #pragma once
 
+#include <cstddef>
+
 #include "gdr/tensor.h"
 #include "gdr/types.h"
 
@@ -12,9 +14,22 @@ namespace gdr {
 
 struct DecodeOverrides;  // gdr/decode_overrides.h
 
+// Where a CUDA call takes its temporary device memory (the chunked forward and backward need
+// scratch; ExecConfig::scratch). allocate returns at least `bytes` of device memory usable in
+// stream order on `stream` (a cudaStream_t) until release is called with the same pointer and
+// stream, after the call's last kernel that uses it has been queued (release must not throw);
+// allocate returns nullptr (or throws) when it cannot. A framework passes its own allocator so that
+// the scratch shows in its memory accounting (torch.cuda.max_memory_allocated) and is reused from
+// its cache; the Python layer does (python/gdr/_ops.py).
+struct ScratchAllocator {
+  void* context = nullptr;
+  void* (*allocate)(void* context, std::size_t bytes, void* stream) = nullptr;
+  void (*release)(void* context, void* ptr, void* stream) = nullptr;
+};
+
 // Options shared by all operations.
 struct Options {
-  float scale = 0.0f;  // o_t = scale * S_t^T q_t; 0 means 1/sqrt(Dk)
+  float scale = 0.0f;                               // o_t = scale * S_t^T q_t; 0 means 1/sqrt(Dk)
   StateLayout state_layout = StateLayout::k_first;  // layout of h0, final_state, dh0, pool state
   // Gate in kernel: `g` holds the raw `a`; g = -exp(A_log) * softplus(a + dt_bias).
   bool gate_in_kernel = false;
@@ -27,18 +42,19 @@ struct Options {
 
 // The inputs every direction reads.
 struct Inputs {
-  TensorView q;           // [B, T, Hk, Dk]      f32 | f16 | bf16 (| f64 on CPU)
-  TensorView k;           // [B, T, Hk, Dk]      as q
-  TensorView v;           // [B, T, Hv, Dv]      as q
-  TensorView g;           // [B, T, Hv] scalar gate or [B, T, Hv, Dk] per-key gate; natural log
-                          //   of the decay (<= 0; g > 0 is refused, -inf and NaN pass through,
-                          //   see ExecConfig::check_values), or raw `a` with
-                          //   gate_in_kernel; f32 or q's dtype
-  TensorView beta;        // [B, T, Hv]          f32 or q's dtype; raw `b` with beta_sigmoid
-  TensorView A_log;       // [Hv]                f32; only with gate_in_kernel
-  TensorView dt_bias;     // [Hv] (scalar gate) or [Hv, Dk] (per-key gate) f32; only with gate_in_kernel
-  TensorView h0;          // optional [N, Hv, Dk, Dv] (k-first) or [N, Hv, Dv, Dk] (v-first) f32
-  TensorView mask;        // optional [B, T] bool; false = identity step, o_t = 0
+  TensorView q;      // [B, T, Hk, Dk]      f32 | f16 | bf16 (| f64 on CPU)
+  TensorView k;      // [B, T, Hk, Dk]      as q
+  TensorView v;      // [B, T, Hv, Dv]      as q
+  TensorView g;      // [B, T, Hv] scalar gate or [B, T, Hv, Dk] per-key gate; natural log
+                     //   of the decay (<= 0; g > 0 is refused, -inf and NaN pass through,
+                     //   see ExecConfig::check_values), or raw `a` with
+                     //   gate_in_kernel; f32 or q's dtype
+  TensorView beta;   // [B, T, Hv]          f32 or q's dtype; raw `b` with beta_sigmoid
+  TensorView A_log;  // [Hv]                f32; only with gate_in_kernel
+  TensorView
+      dt_bias;      // [Hv] (scalar gate) or [Hv, Dk] (per-key gate) f32; only with gate_in_kernel
+  TensorView h0;    // optional [N, Hv, Dk, Dv] (k-first) or [N, Hv, Dv, Dk] (v-first) f32
+  TensorView mask;  // optional [B, T] bool; false = identity step, o_t = 0
   TensorView cu_seqlens;  // optional [N + 1] i32 | i64: 0 = c_0 <= c_1 <= ... <= c_N = T, B == 1
 };
 
@@ -90,18 +106,19 @@ struct BackwardParams {
 
 // One decode step of T = 1..16 tokens per sequence for B sequences, the state updated in place.
 struct DecodeParams {
-  TensorView q, k;          // [B, T, Hk, Dk]
-  TensorView v;             // [B, T, Hv, Dv]
-  TensorView g;             // [B, T, Hv] or [B, T, Hv, Dk] (see Inputs::g)
-  TensorView beta;          // [B, T, Hv]
+  TensorView q, k;  // [B, T, Hk, Dk]
+  TensorView v;     // [B, T, Hv, Dv]
+  TensorView g;     // [B, T, Hv] or [B, T, Hv, Dk] (see Inputs::g)
+  TensorView beta;  // [B, T, Hv]
   TensorView A_log, dt_bias;
-  TensorView mask;          // optional [B, T] bool
-  TensorView state;         // [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] f32 or bf16 (computed
-                            //   in fp32, stored rounded to nearest even once per step), read
-                            //   and written
-  TensorView state_indices; // optional [B] i32 | i64: sequence b uses state row state_indices[b]
-                            //   (negative: skip b, its o rows are written as 0); else row b (P >= B)
-  TensorView o;             // [B, T, Hv, Dv] written
+  TensorView mask;   // optional [B, T] bool
+  TensorView state;  // [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] f32 or bf16 (computed
+                     //   in fp32, stored rounded to nearest even once per step), read
+                     //   and written
+  TensorView
+      state_indices;  // optional [B] i32 | i64: sequence b uses state row state_indices[b]
+                      //   (negative: skip b, its o rows are written as 0); else row b (P >= B)
+  TensorView o;       // [B, T, Hv, Dv] written
   Options opts;
 
   // The token inputs as the forward takes them (h0 and cu_seqlens not given): what validation
@@ -146,6 +163,9 @@ struct ExecConfig {
   // graphs): the kernels then clamp cu_seqlens values into [0, T] (an invalid tensor gives
   // meaningless outputs for the sequences it misdescribes, never an access out of bounds).
   bool check_values = false;
+  // Temporary device memory of CUDA calls; nullptr: cudaMallocAsync / cudaFreeAsync on `stream`
+  // (the device's default memory pool, which torch's accounting does not see).
+  const ScratchAllocator* scratch = nullptr;
 };
 
 }  // namespace gdr

@@ -41,6 +41,16 @@ def _stream(t: Tensor) -> int:
     return 0
 
 
+def _scratch(t: Tensor):
+    """For CUDA tensors, the allocator of the core's temporary device memory: torch's caching
+    allocator on the current stream, so that the scratch of the chunked kernels shows in
+    torch.cuda.max_memory_allocated and comes from torch's cache (None for CPU tensors)."""
+    if t.device.type != "cuda":
+        return None
+    device = t.device
+    return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
 def _d(t: Optional[Tensor]) -> Optional[Tensor]:
     # DLPack export refuses tensors that require grad; the core never differentiates anyway.
     return None if t is None else t.detach()
@@ -161,7 +171,7 @@ def forward(
         scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
         beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
         stream=_stream(v), saved=saved if save_for_backward != "none" else None,
-        check_values=check_values, op=op)
+        check_values=check_values, op=op, scratch=_scratch(v))
     return o, fs, saved
 
 
@@ -204,7 +214,7 @@ def _run_backward(dout, dfinal_state, q, k, v, g, beta, A_log, dt_bias, initial_
         dh0 if initial_state is not None else None,
         scale=scale, state_layout=state_layout, gate_in_kernel=gate_in_kernel,
         beta_sigmoid=beta_sigmoid, qk_l2norm=qk_l2norm, path=path, chunk_size=chunk_size,
-        stream=_stream(v), saved=saved, op=op)
+        stream=_stream(v), saved=saved, op=op, scratch=_scratch(v))
     return grads
 
 

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gdr/gdr.h"
 
@@ -154,6 +156,58 @@ gdr::ExecConfig to_config(const std::string& path, int chunk_size, int num_threa
   return c;
 }
 
+// ExecConfig::scratch over a Python callable `allocate(nbytes) -> tensor` (a 1-d uint8 tensor on
+// the call's CUDA device, e.g. torch.empty(nbytes, dtype=torch.uint8, device=...)): the core's
+// temporary memory then comes from the framework's allocator and shows in its accounting. The
+// tensors are kept alive until the core releases them (after queueing its last kernel on the
+// stream; a stream-ordered caching allocator such as torch's reuses them only in stream order).
+// Called with the GIL released around the core, so each callback takes it.
+class PyScratch {
+ public:
+  PyScratch(nb::object allocate, const char* op) : allocate_(std::move(allocate)), op_(op) {
+    hooks_.context = this;
+    hooks_.allocate = [](void* self, std::size_t bytes, void*) {
+      return static_cast<PyScratch*>(self)->take(bytes);
+    };
+    hooks_.release = [](void* self, void* ptr, void*) {
+      static_cast<PyScratch*>(self)->give_back(ptr);
+    };
+  }
+  ~PyScratch() {
+    nb::gil_scoped_acquire gil;
+    held_.clear();
+  }
+  const gdr::ScratchAllocator* hooks() const { return &hooks_; }
+
+ private:
+  void* take(std::size_t bytes) {
+    nb::gil_scoped_acquire gil;
+    nb::object t = allocate_(bytes);
+    Out arr;
+    if (!nb::try_cast(t, arr) || arr.device_type() != nb::device::cuda::value ||
+        arr.dtype() != nb::dtype<std::uint8_t>() || arr.ndim() != 1 || arr.shape(0) < bytes)
+      throw gdr::RuntimeFailure(std::string(op_) +
+                                ": the scratch callable must return a 1-d uint8 "
+                                "CUDA tensor of at least " +
+                                std::to_string(bytes) + " bytes");
+    held_.emplace_back(arr.data(), std::move(t));
+    return arr.data();
+  }
+  void give_back(void* ptr) noexcept {
+    nb::gil_scoped_acquire gil;
+    for (auto it = held_.begin(); it != held_.end(); ++it)
+      if (it->first == ptr) {
+        held_.erase(it);
+        return;
+      }
+  }
+
+  nb::object allocate_;
+  const char* op_;
+  gdr::ScratchAllocator hooks_;
+  std::vector<std::pair<void*, nb::object>> held_;
+};
+
 gdr::Inputs to_inputs(const In& q, const In& k, const In& v, const In& g, const In& beta,
                       const OptIn& A_log, const OptIn& dt_bias, const OptIn& h0, const OptIn& mask,
                       const OptIn& cu_seqlens, const char* op) {
@@ -177,7 +231,7 @@ void forward(const In& q, const In& k, const In& v, const In& g, const In& beta,
              const std::string& state_layout, bool gate_in_kernel, bool beta_sigmoid,
              bool qk_l2norm, double l2norm_eps, const std::string& path, int chunk_size,
              int num_threads, std::uintptr_t stream, OptOut saved, bool check_values,
-             const std::string& op_name) {
+             const std::string& op_name, nb::object scratch) {
   const char* op = op_name.c_str();
   gdr::ForwardParams p;
   p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
@@ -185,7 +239,9 @@ void forward(const In& q, const In& k, const In& v, const In& g, const In& beta,
   p.final_state = to_view(final_state, op, "final_state");
   p.saved = to_view(saved, op, "saved");
   p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
-  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, check_values, op);
+  gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, check_values, op);
+  std::optional<PyScratch> py_scratch;
+  if (!scratch.is_none()) config.scratch = py_scratch.emplace(std::move(scratch), op).hooks();
   nb::gil_scoped_release release;
   gdr::forward(p, config);
 }
@@ -197,7 +253,8 @@ void backward(const In& q, const In& k, const In& v, const In& g, const In& beta
               OptOut ddt_bias, OptOut dh0, double scale, const std::string& state_layout,
               bool gate_in_kernel, bool beta_sigmoid, bool qk_l2norm, double l2norm_eps,
               const std::string& path, int chunk_size, int num_threads, std::uintptr_t stream,
-              const OptIn& saved, bool check_values, const std::string& op_name) {
+              const OptIn& saved, bool check_values, const std::string& op_name,
+              nb::object scratch) {
   const char* op = op_name.c_str();
   gdr::BackwardParams p;
   p.in = to_inputs(q, k, v, g, beta, A_log, dt_bias, initial_state, mask, cu_seqlens, op);
@@ -213,7 +270,9 @@ void backward(const In& q, const In& k, const In& v, const In& g, const In& beta
   p.dh0 = to_view(dh0, op, "dh0");
   p.saved = to_view(saved, op, "saved");
   p.opts = to_options(scale, state_layout, gate_in_kernel, beta_sigmoid, qk_l2norm, l2norm_eps, op);
-  const gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, check_values, op);
+  gdr::ExecConfig config = to_config(path, chunk_size, num_threads, stream, check_values, op);
+  std::optional<PyScratch> py_scratch;
+  if (!scratch.is_none()) config.scratch = py_scratch.emplace(std::move(scratch), op).hooks();
   nb::gil_scoped_release release;
   gdr::backward(p, config);
 }
@@ -290,8 +349,11 @@ NB_MODULE(_C, m) {
         nb::arg("path") = "auto", nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0,
         nb::arg("stream") = 0, nb::arg("saved").none() = nb::none(),
         nb::arg("check_values") = false, nb::arg("op") = "gdr.forward",
+        nb::arg("scratch").none() = nb::none(),
         "Writes o [B,T,Hv,Dv] and, when given, final_state and the saved-for-backward tensor; "
-        "see include/gdr/params.h. Every error message starts with `op`.");
+        "see include/gdr/params.h. Every error message starts with `op`. scratch: a callable "
+        "nbytes -> 1-d uint8 CUDA tensor for the call's temporary device memory (else "
+        "cudaMallocAsync).");
 
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
@@ -304,9 +366,10 @@ NB_MODULE(_C, m) {
         nb::arg("qk_l2norm") = false, nb::arg("l2norm_eps") = 1e-6, nb::arg("path") = "auto",
         nb::arg("chunk_size") = 64, nb::arg("num_threads") = 0, nb::arg("stream") = 0,
         nb::arg("saved").none() = nb::none(), nb::arg("check_values") = false,
-        nb::arg("op") = "gdr.backward",
+        nb::arg("op") = "gdr.backward", nb::arg("scratch").none() = nb::none(),
         "Writes the given gradients (each optional), reading the forward's saved tensor when "
-        "given; see include/gdr/params.h. Every error message starts with `op`.");
+        "given; see include/gdr/params.h. Every error message starts with `op`. scratch: as "
+        "forward's.");
 
   m.def("decode", &decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
         nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("mask").none(),

@@ -91,4 +91,21 @@ inline std::int64_t cuda_chunked_segment_chunks(std::int64_t N, std::int64_t Hv,
   return chunks >= 2 * cs ? cs : 0;
 }
 
+// CUDA chunked backward given the forward's chunk states (src/cuda/chunked/chunked_backward.cu):
+// chunk slots per window. The backward's per-chunk scratch (~6.4 KB per token and value head at
+// Dk = Dv = 128: W, Vnew, Qs, Kd, P, Tinv, dS, dVnew, ... in fp32) holds one window of slots at a
+// time, the windows taken last first with dS carried between them, so that its size is bounded
+// by the window, not by T (docs/cuda-chunked.md §Backward memory). The window's per-chunk kernels
+// have (slots in the window) x Hv blocks at about two per SM: kCudaBackwardWindowWaves full waves
+// (4 x 132 blocks on an H100: ~216 MB at Dk = Dv = 128) keep them busy, at the price of one launch
+// of each per window. Not yet measured against other window sizes.
+inline constexpr std::int64_t kCudaBackwardWindowWaves = 4;
+
+inline std::int64_t cuda_backward_window_slots(std::int64_t slots, std::int64_t Hv, int sms) {
+  if (slots <= 0 || Hv <= 0 || sms <= 0) return slots > 0 ? slots : 1;
+  const std::int64_t items = kCudaBackwardWindowWaves * static_cast<std::int64_t>(sms);
+  const std::int64_t w = (items + Hv - 1) / Hv;
+  return w < slots ? w : slots;
+}
+
 }  // namespace gdr::heuristics

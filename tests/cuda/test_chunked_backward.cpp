@@ -245,6 +245,102 @@ TEST(CudaChunkedBackward, Deterministic) {
   }
 }
 
+// The reverse pass by windows of chunk slots (the scratch of one window at a time, dS carried
+// between windows; heuristics.h cuda_backward_window_slots), forced to 1, 2, 3 and 5 slots
+// per window: sequences that start, end or lie wholly inside a window, empty and 1-token ones,
+// h0, dfinal_state and the gate parameters (their per-chunk partials summed over every window).
+// The gradients are bit-identical to one window's (the same arithmetic per chunk; the carry is
+// the fp32 dS itself) and within the bar of the float64 reference.
+TEST(CudaChunkedBackward, Windows) {
+  REQUIRE_GPU();
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c = base_case(1, 0, 2, 4, 64, gate == GateKind::scalar ? DType::bf16 : DType::f32);
+    c.seqlens = {0, 130, 1, 0, 200, 64, 3, 0};
+    c.gate = gate;
+    c.gate_in_kernel = gate == GateKind::per_key;
+    c.h0 = c.final_state = true;
+    TestData d = make_problem(c);
+    const BackwardResult ref = reference_backward(d);
+    DeviceMirror m;
+    const TensorView saved = forward_saved(d, m);
+    DecodeOverrides one;
+    one.chunked_backward_window = 1 << 30;
+    const BackwardResult whole = run_backward_cuda(d, nullptr, saved, Path::automatic, &one);
+    expect_backward_close(whole, ref, backward_tolerance(c), "one window: " + describe(c, d.seed));
+    for (int w : {1, 2, 3, 5}) {
+      DecodeOverrides forced;
+      forced.chunked_backward_window = w;
+      const BackwardResult got = run_backward_cuda(d, nullptr, saved, Path::automatic, &forced);
+      for (const Field& f : fields(got, whole)) {
+        ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
+        for (std::size_t i = 0; i < f.got->size(); ++i)
+          ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
+              << f.name << " at " << i << ": windows of " << w << " slots differ from one window";
+      }
+    }
+  }
+}
+
+// ExecConfig::scratch: the forward and backward take their device scratch from the caller's
+// allocator (as the Python layer passes torch's), release every byte they took, and give the
+// same results as with cudaMallocAsync; an allocator that gives nothing makes the call fail with
+// a RuntimeFailure naming the operation.
+struct CountingAllocator {
+  int taken = 0, released = 0;
+  std::size_t bytes = 0;
+  bool refuse = false;
+  ScratchAllocator hooks() {
+    ScratchAllocator s;
+    s.context = this;
+    s.allocate = [](void* self, std::size_t n, void* stream) -> void* {
+      auto* c = static_cast<CountingAllocator*>(self);
+      if (c->refuse) return nullptr;
+      void* ptr = nullptr;
+      if (cudaMallocAsync(&ptr, n, static_cast<cudaStream_t>(stream)) != cudaSuccess) return nullptr;
+      ++c->taken;
+      c->bytes += n;
+      return ptr;
+    };
+    s.release = [](void* self, void* ptr, void* stream) {
+      auto* c = static_cast<CountingAllocator*>(self);
+      ++c->released;
+      (void)cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream));
+    };
+    return s;
+  }
+};
+
+TEST(CudaChunkedBackward, ScratchAllocator) {
+  REQUIRE_GPU();
+  Case c = base_case(1, 0, 2, 4, 64);
+  c.seqlens = {300, 1, 70};
+  c.h0 = c.final_state = true;
+  TestData d = make_problem(c);
+  CountingAllocator counter;
+  const ScratchAllocator hooks = counter.hooks();
+  const ForwardResult fwd_default = run_forward_cuda(d, nullptr, Path::chunkwise);
+  const ForwardResult fwd = run_forward_cuda(d, nullptr, Path::chunkwise, nullptr, &hooks);
+  EXPECT_EQ(fwd.o, fwd_default.o);
+  EXPECT_EQ(fwd.final_state, fwd_default.final_state);
+  EXPECT_GE(counter.taken, 1);
+  EXPECT_EQ(counter.taken, counter.released);
+  const int after_forward = counter.taken;
+  const BackwardResult bwd_default = run_backward_cuda(d);
+  const BackwardResult bwd = run_backward_cuda(d, nullptr, {}, Path::automatic, nullptr, &hooks);
+  for (const Field& f : fields(bwd, bwd_default)) EXPECT_EQ(*f.got, *f.ref) << f.name;
+  EXPECT_GT(counter.taken, after_forward);
+  EXPECT_EQ(counter.taken, counter.released);
+  EXPECT_GT(counter.bytes, 0u);
+  counter.refuse = true;
+  try {
+    run_backward_cuda(d, nullptr, {}, Path::automatic, nullptr, &hooks);
+    ADD_FAILURE() << "an allocator that gives nothing was not reported";
+  } catch (const RuntimeFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("gdr.backward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("scratch"), std::string::npos) << e.what();
+  }
+}
+
 // A varlen backward captured in a CUDA graph and replayed: its gradients equal the eager call's.
 TEST(CudaChunkedBackward, GraphCaptureVarlen) {
   REQUIRE_GPU();

@@ -185,3 +185,29 @@ def test_check_values_refuses_positive_gate_on_cuda():
     with pytest.raises(ValueError, match=r"^gdr\.decode_step: g\[0, 0, 1\] is 2;"):
         gdr.decode_step(d["q"], d["k"], d["v"], d["g"], d["beta"], pool, check_values=True)
     torch.cuda.synchronize()
+
+
+def test_chunked_scratch_comes_from_torch_allocator():
+    # The chunked kernels' device scratch is taken through torch's caching allocator (python
+    # layer: gdr._ops._scratch), so that torch.cuda.max_memory_allocated sees it: a forward of
+    # T = 2048 tokens, Hv = 4, D = 128 (bf16) needs at least W and U per chunk and value head
+    # (2 x 64 x 128 bf16), 4 MiB beyond o, and a backward more again (fp32 per-chunk scratch).
+    # With cudaMallocAsync (the C++ default) the peak would be o alone.
+    x = _cuda(make_inputs(B=1, T=2048, Hk=2, Hv=4, Dk=128, Dv=128, dtype=torch.bfloat16))
+    w_and_u = (2048 // 64) * 4 * 2 * 64 * 128 * 2
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o, _ = gdr.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base >= o.numel() * o.element_size() + w_and_u
+    del o
+    q, k, v = (x[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    o, _ = gdr.chunk_gated_delta_rule(q, k, v, x["g"], x["beta"])
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o.sum().backward()
+    torch.cuda.synchronize()
+    grads = sum(t.grad.numel() * t.grad.element_size() for t in (q, k, v))
+    assert torch.cuda.max_memory_allocated() - base >= grads + 2 * w_and_u

@@ -78,8 +78,8 @@ struct BwdArgs {
   std::int64_t dA_log_s;
   float* ddt_bias;
   std::int64_t ddt_sh;
-  // Scratch per item p = slot * Hv + h (fp32 unless said): dS [Dk * Dv]; dVn, dVb [C, Dv];
-  // dMq, dA [C, C]; dbp [C]; yk, dbk [C, Dk]; gpart [1 + Wg] (double). dq_h, dk_h and the
+  // Scratch per item p = (slot - slot_base) * Hv + h (fp32 unless said): dS [Dk * Dv]; dVn, dVb [C,
+  // Dv]; dMq, dA [C, C]; dbp [C]; yk, dbk [C, Dk]; gpart [1 + Wg] (double). dq_h, dk_h and the
   // per-channel dg reuse the prep's W, Qs and Kd (dead once the reverse pass is done).
   float* dS;
   float* dVn;
@@ -89,7 +89,10 @@ struct BwdArgs {
   float* dbp;
   float* yk;
   float* dbk;
-  double* gpart;
+  double* gpart;  // [slots * Hv, 1 + Wg]: every slot, not only the window's
+  // dS between two windows of the reverse pass, [N, Hv, Dk, Dv] (fp32, k-first); null with one
+  // window.
+  float* dS_carry;
 };
 
 __device__ __forceinline__ bool row_live(const ChunkArgs& a, const SeqInfo& seq, std::int64_t t0,
@@ -167,7 +170,16 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
   const SeqInfo seq = seq_info(a, n);
-  auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
+  // The sequence's chunks in this launch's window [slot_base, slot_end), c_lo .. c_hi - 1. A
+  // sequence without chunks belongs to the window that holds its slot0 (the last window's
+  // slot_end is past every slot, so exactly one does).
+  const std::int64_t c_lo = a.slot_base > seq.slot0 ? a.slot_base - seq.slot0 : 0;
+  const std::int64_t c_hi =
+      a.slot_end - seq.slot0 < seq.chunks ? a.slot_end - seq.slot0 : seq.chunks;
+  if (seq.chunks > 0 ? c_lo >= c_hi : (seq.slot0 < a.slot_base || seq.slot0 >= a.slot_end)) return;
+  const bool from_dht = c_hi == seq.chunks;  // else dS leaving the window from the carry
+  const bool to_dh0 = c_lo == 0;             // else dS entering the window to the carry
+  auto item = [&](std::int64_t c) { return (seq.slot0 + c - a.slot_base) * a.Hv + h; };
   auto issue_A = [&](std::int64_t c) {
     copy_rows(sP, ldP, f32(a.P) + item(c) * kC * kC, kC, kC, kC);
     copy_rows(sKd, ldX, f32(a.Kd) + item(c) * kC * Dk, Dk, kC, Dk);
@@ -177,22 +189,25 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
     copy_rows(sW, ldX, f32(a.W) + item(c) * kC * Dk, Dk, kC, Dk);
   };
   if constexpr (Staged) {
-    if (seq.chunks > 0) issue_A(seq.chunks - 1);
+    if (c_hi > c_lo) issue_A(c_hi - 1);
     detail::cp_async_commit();
   }
+  // The carry: dS between windows, [N, Hv, Dk, Dv] k-first, this block's columns only.
+  float* carry = b.dS_carry ? b.dS_carry + (n * a.Hv + h) * Dk * Dv + col0 : nullptr;
   for (int e = tid; e < Dk * BV; e += kThreads) {
     const int i = e / BV, j = e - i * BV;
     float s = 0.f;
-    if (b.dht) {
+    if (!from_dht) {
+      s = carry[std::int64_t(i) * Dv + j];
+    } else if (b.dht) {
       const std::int64_t base = n * b.dht_s0 + h * b.dht_s1;
       s = a.v_first ? b.dht[base + (col0 + j) * b.dht_s2 + i]
                     : b.dht[base + i * b.dht_s2 + col0 + j];
     }
     sdS[i * ld + j] = s;
   }
-  for (std::int64_t c = seq.chunks - 1; c >= 0; --c) {
-    const std::int64_t slot = seq.slot0 + c;
-    const std::int64_t pidx = slot * a.Hv + h;
+  for (std::int64_t c = c_hi - 1; c >= c_lo; --c) {
+    const std::int64_t pidx = item(c);
     const std::int64_t t0 = seq.bos + c * kC;
     const std::int64_t rem = seq.len - c * kC;
     const int len = rem < kC ? static_cast<int>(rem) : kC;
@@ -241,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
     }
     __syncthreads();
     if constexpr (Staged) {
-      if (c > 0) issue_A(c - 1);
+      if (c > c_lo) issue_A(c - 1);
       detail::cp_async_commit();
       cp_async_wait<1>();  // B(c)
       __syncthreads();
@@ -280,7 +295,12 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
   }
   if constexpr (Staged) cp_async_wait<0>();
   __syncthreads();
-  if (b.dh0) {
+  if (!to_dh0) {
+    for (int e = tid; e < Dk * BV; e += kThreads) {
+      const int i = e / BV, j = e - i * BV;
+      carry[std::int64_t(i) * Dv + j] = sdS[i * ld + j];
+    }
+  } else if (b.dh0) {
     for (int e = tid; e < Dk * BV; e += kThreads) {
       const int i = e / BV, j = e - i * BV;
       const std::int64_t base = n * b.dh0_s0 + h * b.dh0_s1;
@@ -301,14 +321,15 @@ __global__ void __launch_bounds__(kThreads) bwd_vnew_kernel(BwdArgs b) {
   const int Dk = a.Dk, Dv = a.Dv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lg = lane >> 2, lc = lane & 3;
-  const std::int64_t slot = blockIdx.x;
+  const std::int64_t wslot = blockIdx.x;  // within the window (scratch items)
+  const std::int64_t slot = a.slot_base + wslot;
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * 64;
   SeqInfo seq;
   std::int64_t t0;
   int len;
   if (!slot_chunk(a, slot, seq, t0, len)) return;
-  const std::int64_t pidx = slot * a.Hv + h;
+  const std::int64_t pidx = wslot * a.Hv + h;
   const float* W = f32(a.W) + pidx * kC * Dk;
   const float* S = b.states + slot * b.st_s0 + h * b.st_s1 + col0;
   float* U = f32(a.U) + pidx * kC * Dv + col0;
@@ -342,13 +363,14 @@ __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
   const int ld = Dv + 4;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
-  const std::int64_t slot = blockIdx.x;
+  const std::int64_t wslot = blockIdx.x;  // within the window (scratch items)
+  const std::int64_t slot = a.slot_base + wslot;
   const int h = blockIdx.y;
   SeqInfo seq;
   std::int64_t t0;
   int len;
   if (!slot_chunk(a, slot, seq, t0, len)) return;
-  const std::int64_t pidx = slot * a.Hv + h;
+  const std::int64_t pidx = wslot * a.Hv + h;
   load_dout_rows(b, seq, t0, len, h, 0, Dv, sdO, ld);
   __syncthreads();
   const float* Ti = a.Tinv_out + pidx * kC * kC;
@@ -464,15 +486,17 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   float* sRed = sDb + kC;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
-  const std::int64_t slot = blockIdx.x;
+  const std::int64_t wslot = blockIdx.x;  // within the window (scratch items)
+  const std::int64_t slot = a.slot_base + wslot;
   const int h = blockIdx.y;
   const int hk = h / a.group;
   SeqInfo seq;
   std::int64_t t0;
   int len;
   if (!slot_chunk(a, slot, seq, t0, len)) return;
-  const std::int64_t pidx = slot * a.Hv + h;
-  const std::int64_t kidx = (slot * a.Hk + hk) * kC * Dk;
+  const std::int64_t pidx = wslot * a.Hv + h;
+  const std::int64_t gidx = slot * a.Hv + h;  // gpart holds every slot (summed at the end)
+  const std::int64_t kidx = (wslot * a.Hk + hk) * kC * Dk;
   const float* Qn = a.Qn_out + kidx;
   const float* Kn = a.Kn_out + kidx;
   const float* S = b.states + slot * b.st_s0 + h * b.st_s1;
@@ -757,7 +781,7 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
                          out);
     }
     if (a.gate_in_kernel) {
-      b.gpart[pidx * (1 + wg) + 1 + i] = ddt;
+      b.gpart[gidx * (1 + wg) + 1 + i] = ddt;
       sChan[i] = dA;
     }
   }
@@ -765,7 +789,7 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   if (a.gate_in_kernel && tid == 0) {
     double s = 0.0;
     for (int i = 0; i < wg; ++i) s += sChan[i];
-    b.gpart[pidx * (1 + wg)] = s;
+    b.gpart[gidx * (1 + wg)] = s;
   }
 }
 
@@ -775,7 +799,8 @@ static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b)
   const ChunkArgs& a = b.c;
   const int Dk = a.Dk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const std::int64_t slot = blockIdx.x;
+  const std::int64_t wslot = blockIdx.x;  // within the window (scratch items)
+  const std::int64_t slot = a.slot_base + wslot;
   const int hk = blockIdx.y;
   SeqInfo seq;
   std::int64_t t0;
@@ -795,7 +820,7 @@ static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b)
         float s = 0.f;
         if (i < Dk)
           for (int g = 0; g < a.group; ++g) {
-            const std::int64_t pidx = slot * a.Hv + hk * a.group + g;
+            const std::int64_t pidx = wslot * a.Hv + hk * a.group + g;
             s += src[pidx * kC * Dk + r * Dk + i];
           }
         gh[u] = s;

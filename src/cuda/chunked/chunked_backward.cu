@@ -11,8 +11,9 @@
 // (3xTF32), Qs and Kd stored, fp32 chunk states, unsplit state pass, no overlap; the backward's
 // kernels read that scratch as fp32 (the forward's 16-bit scratch, row factors, bf16 chunk states,
 // segment split and overlap are for forward-only calls; docs/cuda-chunked.md).
-// No host synchronisation and no device-to-host copy (cudaMallocAsync scratch, cu_seqlens read on
-// the device): a call can be captured in a CUDA graph. Deterministic: every sum has a fixed order.
+// No host synchronisation and no device-to-host copy (stream-ordered scratch: ExecConfig::scratch
+// or cudaMallocAsync; cu_seqlens read on the device): a call can be captured in a CUDA graph.
+// Deterministic: every sum has a fixed order.
 //   scratch per chunk slot and value head, floats: the forward's (3 Dk + Dv + C) C + Wg, plus
 //   2 C^2 (Tinv, KK) + C Wg (G) + Dk Dv (dS) + 2 C Dv (dVnew, dVb) + 2 C^2 (dMq, dA) + C +
 //   2 C Dk (yk, dbk) + 2 (1 + Wg) (double partials), plus Dk Dv chunk states unless `saved`
@@ -21,12 +22,17 @@
 //   `saved` (step 1: correctness first; docs/cuda-chunked.md).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 
+#include "core/heuristics.h"
 #include "cuda/chunked/backward_kernels.cuh"
 #include "cuda/chunked/chunked_host.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/common/scratch.h"
 #include "cuda/paths.h"
+#include "gdr/decode_overrides.h"
 
 namespace gdr::cuda {
 namespace {
@@ -58,8 +64,9 @@ template <bool X3>
 void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t stream,
                    const char* op) {
   const chunked::ChunkArgs& a = b.c;
-  const dim3 grid(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv));
-  if (with_saved && a.slots > 0) {
+  const std::int64_t slots = chunked::window_slots(a);  // this window's
+  const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(a.Hv));
+  if (with_saved && slots > 0) {
     chunked::bwd_vnew_kernel<X3>
         <<<dim3(grid.x, grid.y, static_cast<unsigned>(a.Dv / 64)), kThreads, 0, stream>>>(b);
     check(cudaGetLastError(), op, "bwd_vnew_kernel launch");
@@ -71,7 +78,7 @@ void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t s
     launch_bwd_state<16, X3>(b, device, stream, op);
   else
     launch_bwd_state<32, X3>(b, device, stream, op);
-  if (a.slots == 0) return;  // T = 0: dh0 = dfinal_state (or 0), nothing else to write
+  if (slots == 0) return;  // T = 0: dh0 = dfinal_state (or 0), nothing else to write
   {
     const auto kernel = chunked::bwd_dvb_kernel<X3>;
     const std::size_t smem = chunked::bwd_dvb_smem_bytes(a.Dv);
@@ -139,21 +146,37 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
     b.ddt_sh = p.ddt_bias.stride[0];
   }
 
-  // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
-  const std::int64_t items = a.slots * prob.Hv, keys = a.slots * prob.Hk;
-  const std::int64_t Dk = prob.Dk, Dv = prob.Dv, wg = a.per_key ? Dk : 1;
+  // Windows of chunk slots, the last first (heuristics.h cuda_backward_window_slots): the
+  // per-chunk scratch holds one window, dS crosses windows in the carry. Without `saved` the
+  // recomputed state pass needs every chunk's W and U at once: one window.
   const bool own_states = !p.saved.defined();
-  const std::int64_t per_item = kC * (3 * Dk + Dv + kC)             // W, Qs, Kd, U, P
-                                + 2 * kC * kC + kC * wg             // Tinv, KK, G
-                                + Dk * Dv + 2 * kC * Dv             // dS, dVn, dVb
-                                + 2 * kC * kC + 2 * kC * Dk + kC    // dMq, dA, yk, dbk, dbp
-                                + (own_states ? Dk * Dv : 0) + wg;  // states, gn
-  const std::int64_t floats = items * per_item + keys * 2 * kC * Dk;
-  const std::int64_t doubles = items * (1 + wg);
+  const int dev = prob.device_index;
+  std::int64_t wslots = a.slots;
+  if (!own_states && a.slots > 0) {
+    const int forced =
+        config.decode_overrides ? config.decode_overrides->chunked_backward_window : 0;
+    wslots = forced > 0
+                 ? std::min<std::int64_t>(forced, a.slots)
+                 : heuristics::cuda_backward_window_slots(a.slots, prob.Hv, sm_count(dev, op));
+  }
+  const std::int64_t windows = a.slots > 0 ? (a.slots + wslots - 1) / wslots : 1;
+
+  // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
+  const std::int64_t items = wslots * prob.Hv, keys = wslots * prob.Hk;
+  const std::int64_t all_items = a.slots * prob.Hv;
+  const std::int64_t Dk = prob.Dk, Dv = prob.Dv, wg = a.per_key ? Dk : 1;
+  const std::int64_t per_item = kC * (3 * Dk + Dv + kC)           // W, Qs, Kd, U, P
+                                + 2 * kC * kC + kC * wg           // Tinv, KK, G
+                                + Dk * Dv + 2 * kC * Dv           // dS, dVn, dVb
+                                + 2 * kC * kC + 2 * kC * Dk + kC  // dMq, dA, yk, dbk, dbp
+                                + wg;                             // gn
+  const std::int64_t carry = windows > 1 ? prob.N * prob.Hv * Dk * Dv : 0;
+  const std::int64_t floats =
+      items * per_item + keys * 2 * kC * Dk + (own_states ? all_items * Dk * Dv : 0) + carry;
+  const std::int64_t doubles = all_items * (1 + wg);
   const std::int64_t bytes = floats * 4 + doubles * 8 + (prob.varlen ? (prob.N + 1) * 8 : 0) + 512;
-  void* scratch = nullptr;
-  check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
-  float* f = static_cast<float*>(scratch);
+  const DeviceScratch scratch(config, static_cast<std::size_t>(bytes), stream, op);
+  float* f = static_cast<float*>(scratch.data());
   a.W = f, f += items * kC * Dk;
   a.U = f, f += items * kC * Dv;
   a.Qs = f, f += items * kC * Dk;
@@ -173,7 +196,7 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   b.dbk = f, f += items * kC * Dk;
   b.dbp = f, f += items * kC;
   if (own_states) {
-    a.saved = f, f += items * Dk * Dv;
+    a.saved = f, f += all_items * Dk * Dv;
     a.saved_s0 = prob.Hv * Dk * Dv, a.saved_s1 = Dk * Dv;
     b.states = a.saved;
     b.st_s0 = a.saved_s0, b.st_s1 = a.saved_s1;
@@ -181,25 +204,19 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
     b.states = static_cast<const float*>(p.saved.data);
     b.st_s0 = p.saved.stride[0], b.st_s1 = p.saved.stride[1];
   }
+  if (carry > 0) b.dS_carry = f, f += carry;
   a.gn = f, f += items * wg;
-  auto align = [](void* ptr) {
-    return reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ptr) + 15) &
-                                   ~static_cast<std::uintptr_t>(15));
-  };
-  b.gpart = static_cast<double*>(align(f));
-  a.chunk_off = reinterpret_cast<std::int64_t*>(align(b.gpart + doubles));
-  a.states_vec = false;
-
   const bool x3 = prob.dtype == DType::f32;
-  const int dev = prob.device_index;
-  try {
-    if (prob.varlen) {
-      chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
-      check(cudaGetLastError(), op, "chunk_table_kernel launch");
-    }
-    if (gate_params)
-      check(cudaMemsetAsync(b.gpart, 0, static_cast<std::size_t>(doubles) * 8, stream), op,
-            "cudaMemsetAsync");
+  if (prob.varlen) {
+    chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
+    check(cudaGetLastError(), op, "chunk_table_kernel launch");
+  }
+  if (gate_params)
+    check(cudaMemsetAsync(b.gpart, 0, static_cast<std::size_t>(doubles) * 8, stream), op,
+          "cudaMemsetAsync");
+  for (std::int64_t w = windows - 1; w >= 0; --w) {
+    a.slot_base = w * wslots;
+    a.slot_end = w == windows - 1 ? INT64_MAX : (w + 1) * wslots;  // the last: every later slot
     {
       // The prep kernel zeroes the chunk-state rows of surplus slots: not the caller's `saved`.
       chunked::ChunkArgs prep = a;
@@ -209,15 +226,11 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
     if (own_states) chunked::launch_state_pass_fp32(a, dev, stream, op);  // states, Vnew
     x3 ? launch_chunks<true>(b, !own_states, dev, stream, op)
        : launch_chunks<false>(b, !own_states, dev, stream, op);
-    if (gate_params) {
-      chunked::bwd_gate_param_kernel<<<static_cast<unsigned>(prob.Hv), kThreads, 0, stream>>>(b);
-      check(cudaGetLastError(), op, "bwd_gate_param_kernel launch");
-    }
-  } catch (...) {
-    (void)cudaFreeAsync(scratch, stream);
-    throw;
   }
-  check(cudaFreeAsync(scratch, stream), op, "cudaFreeAsync");
+  if (gate_params) {
+    chunked::bwd_gate_param_kernel<<<static_cast<unsigned>(prob.Hv), kThreads, 0, stream>>>(b);
+    check(cudaGetLastError(), op, "bwd_gate_param_kernel launch");
+  }
 }
 
 }  // namespace gdr::cuda

@@ -64,7 +64,12 @@ struct ChunkArgs {
   bool states_vec;
   std::int64_t B, T, N;
   std::int64_t slots;  // chunk slots (grid of the chunk kernel)
-  std::int64_t nc;     // chunks per batch row without varlen: ceil(T / C)
+  // The window of chunk slots [slot_base, slot_end) of a launch over a part of the slots (the
+  // backward runs its per-chunk kernels window by window, last first, so that its scratch is
+  // sized per window): grid x = slot - slot_base, and scratch items are window-local, p =
+  // (slot - slot_base) Hv + h. The forward: one window, slot_base 0 (slot_end past every slot).
+  std::int64_t slot_base, slot_end;
+  std::int64_t nc;  // chunks per batch row without varlen: ceil(T / C)
   int Hv, group, Dk, Dv;
   float scale, eps;
   int in_dtype, g_dtype, beta_dtype, cu_dtype;
@@ -75,10 +80,10 @@ struct ChunkArgs {
   // launch_prep_kernel): the prep kernel copies them with cp.async as it starts.
   bool v_prefetch;
   bool varlen, per_key, v_first, gate_in_kernel, beta_sigmoid, qk_l2norm;
-  // Scratch, per (slot, value head) p = slot * Hv + h, elements of the scratch type St (float
-  // for fp32 inputs, bf16 for f16 / bf16 inputs): W [C, Dk], U [C, Dv] (overwritten by Vnew in
-  // the state pass), Qs [C, Dk], Kd [C, Dk], P [C, C] at p * C * width; fp32 gn [Dk] or [1] at
-  // p * (per_key ? Dk : 1).
+  // Scratch, per (slot, value head) p = (slot - slot_base) * Hv + h, elements of the scratch type
+  // St (float for fp32 inputs, bf16 for f16 / bf16 inputs): W [C, Dk], U [C, Dv] (overwritten by
+  // Vnew in the state pass), Qs [C, Dk], Kd [C, Dk], P [C, C] at p * C * width; fp32 gn [Dk] or [1]
+  // at p * (per_key ? Dk : 1).
   std::int64_t* chunk_off;  // varlen: [N + 1]
   void* W;
   void* U;

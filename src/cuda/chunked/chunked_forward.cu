@@ -1,7 +1,8 @@
 // Host side of the chunked forward (docs/operator.md §3, C = 64; kernels in chunked_kernels.cuh,
 // design in docs/cuda-chunked.md): gdr::cuda::chunked_forward. No host synchronisation and no
-// device-to-host copy: the scratch comes from cudaMallocAsync on the call's stream and cu_seqlens
-// is read on the device only (chunk_table_kernel), so a call can be captured in a CUDA graph.
+// device-to-host copy: the scratch is stream-ordered (ExecConfig::scratch, else cudaMallocAsync on
+// the call's stream) and cu_seqlens is read on the device only (chunk_table_kernel), so a call
+// can be captured in a CUDA graph.
 //   scratch per chunk slot and value head: (3 Dk + Dv + C) C elements of the scratch type St
 //   (fp32 for fp32 inputs, bf16 for f16 / bf16 inputs; (Dk + Dv + C) C with row factors, which
 //   add 2 C floats), (Dk or 1) fp32 gn, plus Dk Dv elements of St of chunk state unless
@@ -17,6 +18,7 @@
 #include "core/heuristics.h"
 #include "cuda/chunked/chunked_host.cuh"
 #include "cuda/common/launch.h"
+#include "cuda/common/scratch.h"
 #include "cuda/paths.h"
 #include "gdr/decode_overrides.h"
 
@@ -173,9 +175,8 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
       a.seg_chunks > 0 ? a.seg_slots * prob.Hv * prob.Dk * (2 * prob.Dv + prob.Dk) : 0;
   const std::int64_t bytes = st_elems * esize + (floats + seg_floats + progress_ints) * 4 +
                              (prob.varlen ? 2 * (prob.N + 1) * 8 : 0) + 256;
-  void* scratch = nullptr;
-  check(cudaMallocAsync(&scratch, static_cast<std::size_t>(bytes), stream), op, "cudaMallocAsync");
-  char* b = static_cast<char*>(scratch);
+  const DeviceScratch scratch(config, static_cast<std::size_t>(bytes), stream, op);
+  char* b = static_cast<char*>(scratch.data());
   auto take = [&](std::int64_t elems, std::int64_t size) {
     void* r = b;
     b += elems * size;
@@ -215,20 +216,14 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   a.chunk_off = reinterpret_cast<std::int64_t*>((reinterpret_cast<std::uintptr_t>(b) + 15) &
                                                 ~static_cast<std::uintptr_t>(15));
   if (prob.varlen && a.seg_chunks > 0) a.seg_off = a.chunk_off + prob.N + 1;
-  try {
-    if (prob.varlen) {
-      chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
-      check(cudaGetLastError(), op, "chunk_table_kernel launch");
-    }
-    if (x3)
-      run_kernels<float>(a, prob, overrides, sms, smem_optin, dev, stream, op);
-    else
-      run_kernels<__nv_bfloat16>(a, prob, overrides, sms, smem_optin, dev, stream, op);
-  } catch (...) {
-    (void)cudaFreeAsync(scratch, stream);
-    throw;
+  if (prob.varlen) {
+    chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
+    check(cudaGetLastError(), op, "chunk_table_kernel launch");
   }
-  check(cudaFreeAsync(scratch, stream), op, "cudaFreeAsync");
+  if (x3)
+    run_kernels<float>(a, prob, overrides, sms, smem_optin, dev, stream, op);
+  else
+    run_kernels<__nv_bfloat16>(a, prob, overrides, sms, smem_optin, dev, stream, op);
 }
 
 }  // namespace gdr::cuda

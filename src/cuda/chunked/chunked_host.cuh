@@ -76,7 +76,14 @@ inline ChunkArgs chunk_inputs(const Problem& prob, const Inputs& in, const Optio
     a.slots = prob.B * a.nc;
   }
   if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
+  a.slot_base = 0, a.slot_end = INT64_MAX;  // one window: every slot
   return a;
+}
+
+// Chunk slots of the launch's window [slot_base, min(slot_end, slots)) (chunked_common.cuh).
+inline std::int64_t window_slots(const ChunkArgs& a) {
+  const std::int64_t end = a.slot_end < a.slots ? a.slot_end : a.slots;
+  return end > a.slot_base ? end - a.slot_base : 0;
 }
 
 template <bool PerKey, class St>
@@ -87,8 +94,8 @@ void launch_prep_kernel(const ChunkArgs& args, int device, cudaStream_t stream, 
                                  static_cast<std::size_t>(smem_optin(device, op));
   const std::size_t smem = prep_smem_bytes(a.Dk, a.Dv, PerKey, a.v_prefetch);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
-  kernel<<<dim3(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.Hv)), kThreads, smem,
-           stream>>>(a);
+  kernel<<<dim3(static_cast<unsigned>(window_slots(a)), static_cast<unsigned>(a.Hv)), kThreads,
+           smem, stream>>>(a);
   check(cudaGetLastError(), op, "chunk_prep_kernel launch");
 }
 
@@ -125,7 +132,7 @@ inline void check_backward_mode(const ChunkArgs& a, const char* op) {
 // The chunk table (varlen) is built first by the caller.
 inline void launch_prep_fp32(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   check_backward_mode(a, op);
-  if (a.slots == 0) return;
+  if (window_slots(a) == 0) return;
   if (a.per_key)
     launch_prep_kernel<true, float>(a, device, stream, op);
   else
@@ -140,9 +147,7 @@ inline void launch_state_pass_fp32(const ChunkArgs& a, int device, cudaStream_t 
                                    const char* op) {
   check_backward_mode(a, op);
   const int sms = sm_count(device, op);
-  int smem_optin = 0;
-  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
-        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  const int smem_optin = cuda::smem_optin(device, op);
   const std::int64_t blocks32 = a.N * a.Hv * (a.Dv / 32);
   const int bv = 2 * blocks32 <= sms ? 16 : 32;
   const std::int64_t blocks = blocks32 * (32 / bv);

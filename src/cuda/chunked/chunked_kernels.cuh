@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   std::uint16_t* sVraw = reinterpret_cast<std::uint16_t*>(sNk + kC);
   const int ldVr = Dv + 8;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const std::int64_t slot = blockIdx.x;
+  const std::int64_t wslot = blockIdx.x;  // the slot within the window (scratch items)
+  const std::int64_t slot = a.slot_base + wslot;
   const int h = blockIdx.y;
   const int hk = h / a.group;
 
@@ -282,12 +283,12 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   }
   __syncthreads();
 
-  const std::int64_t pidx = slot * a.Hv + h;
+  const std::int64_t pidx = wslot * a.Hv + h;
   if (a.G_out) {  // backward: G, and the normalised Q, K rows once per key head
     const int wg = PerKey ? Dk : 1;
     for (int e = tid; e < kC * wg; e += kThreads) a.G_out[pidx * kC * wg + e] = sG[e];
     if (h % a.group == 0) {
-      const std::int64_t kidx = (slot * a.Hk + hk) * kC * Dk;
+      const std::int64_t kidx = (wslot * a.Hk + hk) * kC * Dk;
       for (int e = tid; e < kC * Dk; e += kThreads) {
         const int r = e / Dk, i = e - r * Dk;
         a.Qn_out[kidx + e] = sQ[r * ld + i];
