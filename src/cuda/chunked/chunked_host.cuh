@@ -86,9 +86,9 @@ inline std::int64_t window_slots(const ChunkArgs& a) {
   return end > a.slot_base ? end - a.slot_base : 0;
 }
 
-template <bool PerKey, class St>
+template <bool PerKey, class St, bool X3 = kX3<St>>
 void launch_prep_kernel(const ChunkArgs& args, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunk_prep_kernel<PerKey, St>;
+  const auto kernel = chunk_prep_kernel<PerKey, St, X3>;
   ChunkArgs a = args;
   a.v_prefetch = a.rows16 && prep_smem_bytes(a.Dk, a.Dv, PerKey, true) <=
                                  static_cast<std::size_t>(smem_optin(device, op));
@@ -116,7 +116,8 @@ void launch_state_kernel(const ChunkArgs& a, int nbuf, int mode, int device, cud
 }
 
 // The backward's recompute (chunked_backward.cu) runs the forward's prep kernel and state pass in
-// one fixed mode whatever the input dtype: fp32 scratch (St = float, 3xTF32 products; the
+// one fixed mode whatever the input dtype: fp32 scratch (St = float; prep's products 3xTF32 for
+// fp32 inputs and single tf32 for 16-bit ones, the state pass's 3xTF32; the
 // backward's kernels read W, U / Vnew, Qs, Kd, P as fp32 and reuse some of them as fp32
 // scratch), Qs and Kd stored (no row factors), fp32 chunk states (no states16), the unsplit state
 // pass (mode 0, no segment split) and no overlap (no progress counters; there is no output
@@ -133,10 +134,15 @@ inline void check_backward_mode(const ChunkArgs& a, const char* op) {
 inline void launch_prep_fp32(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   check_backward_mode(a, op);
   if (window_slots(a) == 0) return;
+  // 3xTF32 products for fp32 inputs; single tf32 for 16-bit inputs (their bf16 tolerance; the
+  // forward's own bf16 path rounds W, U to bf16, 2^-9, where tf32 rounds operands to 2^-11).
+  const bool x3 = a.in_dtype == 0;
   if (a.per_key)
-    launch_prep_kernel<true, float>(a, device, stream, op);
+    x3 ? launch_prep_kernel<true, float, true>(a, device, stream, op)
+       : launch_prep_kernel<true, float, false>(a, device, stream, op);
   else
-    launch_prep_kernel<false, float>(a, device, stream, op);
+    x3 ? launch_prep_kernel<false, float, true>(a, device, stream, op)
+       : launch_prep_kernel<false, float, false>(a, device, stream, op);
 }
 
 // State pass (mode 0, fp32 scratch): 32 value columns per block, 16 when 32 would leave more than

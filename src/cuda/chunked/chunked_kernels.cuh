@@ -99,9 +99,10 @@ inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key, bool v_prefetch
          (v_prefetch ? sizeof(std::uint16_t) * kC * (Dv + 8) : 0);
 }
 
-template <bool PerKey, class St>
+// X3: 3xTF32 products (fp32 inputs); single tf32 otherwise, also with fp32 scratch (the
+// backward's recompute for 16-bit inputs, chunked_host.cuh launch_prep_fp32).
+template <bool PerKey, class St, bool X3 = kX3<St>>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
-  constexpr bool X3 = kX3<St>;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
