@@ -206,6 +206,14 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   }
   if (carry > 0) b.dS_carry = f, f += carry;
   a.gn = f, f += items * wg;
+  auto align = [](void* ptr) {
+    return reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ptr) + 15) &
+                                   ~static_cast<std::uintptr_t>(15));
+  };
+  b.gpart = static_cast<double*>(align(f));
+  a.chunk_off = reinterpret_cast<std::int64_t*>(align(b.gpart + doubles));
+  a.states_vec = false;
+
   const bool x3 = prob.dtype == DType::f32;
   if (prob.varlen) {
     chunked::chunk_table_kernel<<<1, 1024, 0, stream>>>(a);
