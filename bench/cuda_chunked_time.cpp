@@ -5,12 +5,16 @@
 // median of --reps. One JSON object per line on stdout. (bench/cuda_chunked.py times gdr and FLA
 // side by side through torch; this program needs only the C++ build.)
 //   cuda_chunked_time [--reps N] [--crossover] [--only I] [--segments S] [--state-bv B]
-//                     [--state-buffers K] [--overlap O]
+//                     [--state-buffers K] [--overlap O] [--backward [--window W]]
 // --only I times only the I-th shape of the list (0-based; e.g. one shape under nsys),
 // --segments S forces the state pass's segment split (DecodeOverrides::chunked_segments: S chunks
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
 // pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
-// state pass or overlapped with it.
+// state pass or overlapped with it. --backward also times gdr::backward given the forward's saved
+// chunk states (every gradient, from a random dO and dfinal_state) with the default pool's
+// high-water mark over it; --window W forces its chunk slots per window (the A/B of the
+// backward's windows, docs/cuda-chunked.md §Backward memory: e.g. --window 0 against
+// --window 1000000, one window).
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -39,8 +43,16 @@ struct Shape {
   std::vector<std::int64_t> seqlens;  // varlen when not empty (B = 1)
 };
 
+// Backward timing (--backward): the time of one gdr::backward given the forward's saved chunk
+// states, and the high-water mark of the device's default memory pool over it (the backward's
+// scratch and gradients: cudaMallocAsync is where its scratch comes from without an allocator).
+struct BackwardTiming {
+  double ms = -1;
+  double pool_peak_bytes = 0;
+};
+
 double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeOverrides& overrides,
-                    bool* ok) {
+                    bool* ok, BackwardTiming* bwd = nullptr) {
   using gdr::DType;
   const std::int64_t D = 128, B = s.B, T = s.T, Hk = s.Hk, Hv = s.Hv;
   const std::int64_t N = s.seqlens.empty() ? B : static_cast<std::int64_t>(s.seqlens.size());
@@ -86,10 +98,45 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
   gdr::ExecConfig cfg;
   cfg.path = path;
   cfg.decode_overrides = &overrides;
-  std::vector<float> ms;
+  std::vector<float> ms, bwd_ms;
   cudaEvent_t a, b;
   ck(cudaEventCreate(&a), "event");
   ck(cudaEventCreate(&b), "event");
+  // --backward: the forward keeps its chunk states (as a training step), the backward reads them
+  // and writes every gradient (bf16 dq, dk, dv; fp32 dg, dbeta, dh0) from a random dO and
+  // dfinal_state.
+  std::vector<void*> extra;
+  gdr::BackwardParams bp;
+  if (bwd) {
+    gdr::Problem prob;
+    prob.B = B, prob.T = T, prob.N = N, prob.varlen = !s.seqlens.empty();
+    prob.Hv = Hv, prob.Dk = D, prob.Dv = D, prob.dtype = DType::bf16;
+    const gdr::SavedShape shape = gdr::saved_shape(prob);
+    auto take = [&](std::int64_t bytes) {
+      void* x = nullptr;
+      ck(cudaMalloc(&x, static_cast<std::size_t>(bytes)), "malloc");
+      extra.push_back(x);
+      return x;
+    };
+    p.saved = dev(shape.view(take(shape.bytes())));
+    bp.in = p.in;
+    bp.saved = p.saved;
+    void* dout = take(B * T * Hv * D * 2);
+    void* dfs = take(N * Hv * D * D * 4);
+    ck(fill_uniform(dout, 2, B * T * Hv * D, 7, -1.f, 1.f, nullptr), "fill");
+    ck(fill_uniform(dfs, 0, N * Hv * D * D, 8, -1.f, 1.f, nullptr), "fill");
+    bp.dout = dev(gdr::TensorView::contiguous(dout, DType::bf16, {B, T, Hv, D}));
+    bp.dfinal_state = dev(gdr::TensorView::contiguous(dfs, DType::f32, {N, Hv, D, D}));
+    bp.dq = dev(gdr::TensorView::contiguous(take(B * T * Hk * D * 2), DType::bf16, {B, T, Hk, D}));
+    bp.dk = dev(gdr::TensorView::contiguous(take(B * T * Hk * D * 2), DType::bf16, {B, T, Hk, D}));
+    bp.dv = dev(gdr::TensorView::contiguous(take(B * T * Hv * D * 2), DType::bf16, {B, T, Hv, D}));
+    bp.dg =
+        s.per_key
+            ? dev(gdr::TensorView::contiguous(take(B * T * Hv * D * 4), DType::f32, {B, T, Hv, D}))
+            : dev(gdr::TensorView::contiguous(take(B * T * Hv * 4), DType::f32, {B, T, Hv}));
+    bp.dbeta = dev(gdr::TensorView::contiguous(take(B * T * Hv * 4), DType::f32, {B, T, Hv}));
+    bp.dh0 = dev(gdr::TensorView::contiguous(take(N * Hv * D * D * 4), DType::f32, {N, Hv, D, D}));
+  }
   *ok = true;
   try {
     for (int i = 0; i < 3; ++i) gdr::forward(p, cfg);
@@ -102,13 +149,35 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
       ck(cudaEventElapsedTime(&t, a, b), "elapsed");
       ms.push_back(t);
     }
+    if (bwd) {
+      cudaMemPool_t pool;
+      ck(cudaDeviceGetMemPool(&pool, 0), "cudaDeviceGetMemPool");
+      for (int i = 0; i < 2; ++i) gdr::backward(bp, cfg);
+      ck(cudaDeviceSynchronize(), "backward");
+      std::uint64_t zero = 0, high = 0;
+      ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), "pool reset");
+      for (int i = 0; i < reps; ++i) {
+        ck(cudaEventRecord(a), "record");
+        gdr::backward(bp, cfg);
+        ck(cudaEventRecord(b), "record");
+        ck(cudaEventSynchronize(b), "sync");
+        float t = 0;
+        ck(cudaEventElapsedTime(&t, a, b), "elapsed");
+        bwd_ms.push_back(t);
+      }
+      ck(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), "pool high");
+      std::sort(bwd_ms.begin(), bwd_ms.end());
+      bwd->ms = bwd_ms[bwd_ms.size() / 2];
+      bwd->pool_peak_bytes = static_cast<double>(high);
+    }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "forward: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", bwd ? "forward / backward" : "forward", e.what());
     *ok = false;
   }
   ck(cudaDeviceSynchronize(), "forward");
   for (void* x : {q, k, v, g, beta, h0, o, fs, cu})
     if (x) cudaFree(x);
+  for (void* x : extra) cudaFree(x);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   if (ms.empty()) return -1;
@@ -134,6 +203,13 @@ int main(int argc, char** argv) {
                  "state pass W / Kd buffers: 1 or 2 (0 the rule)");
   app.add_option("--overlap", overrides.chunked_overlap,
                  "output kernel: 1 after the state pass, 2 overlapped (0 the rule)");
+  bool backward = false;
+  app.add_flag("--backward", backward,
+               "also time gdr::backward given the forward's saved chunk states (bwd_ms, and the "
+               "memory pool's high-water mark over it, bwd_pool_peak_bytes)");
+  app.add_option("--window", overrides.chunked_backward_window,
+                 "backward: chunk slots per window of its scratch (0 the rule; a huge value: "
+                 "one window)");
   CLI11_PARSE(app, argc, argv);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "props");
@@ -155,17 +231,25 @@ int main(int argc, char** argv) {
     if (only >= 0 && static_cast<std::size_t>(only) != i) continue;
     const Shape& s = shapes[i];
     bool ok;
-    const double t = time_forward(s, gdr::Path::chunkwise, reps, overrides, &ok);
+    BackwardTiming bt;
+    const double t =
+        time_forward(s, gdr::Path::chunkwise, reps, overrides, &ok, backward ? &bt : nullptr);
+    char bwd_fields[128] = "";
+    if (backward)
+      std::snprintf(bwd_fields, sizeof bwd_fields,
+                    "\"window\": %d, \"bwd_ms\": %.4f, \"bwd_pool_peak_bytes\": %.0f, ",
+                    overrides.chunked_backward_window, bt.ms, bt.pool_peak_bytes);
     std::printf(
         "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
         "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"segments\": %d, \"state_bv\": %d, "
         "\"state_buffers\": %d, \"overlap\": %d, "
-        "\"ms\": %.4f, "
+        "\"ms\": %.4f, %s"
         "\"ok\": %s}\n",
         prop.name, (long long)s.B, (long long)s.T, (long long)s.Hk, (long long)s.Hv,
         s.per_key ? "per_key" : "scalar", s.seqlens.empty() ? "false" : "true",
         overrides.chunked_segments, overrides.chunked_state_columns,
-        overrides.chunked_state_buffers, overrides.chunked_overlap, t, ok ? "true" : "false");
+        overrides.chunked_state_buffers, overrides.chunked_overlap, t, bwd_fields,
+        ok ? "true" : "false");
     std::fflush(stdout);
   }
   if (crossover && only < 0) {

@@ -39,8 +39,9 @@ void cuda_ok(cudaError_t err, const char* what) {
 class DeviceLayer {
  public:
   explicit DeviceLayer(Layer& host) : host_(host) {
-    const std::vector<Buffer*> all = {&host.q, &host.k,  &host.v,  &host.g,  &host.beta, &host.dout,
-                                      &host.o, &host.dq, &host.dk, &host.dv, &host.dg,   &host.dbeta};
+    const std::vector<Buffer*> all = {&host.q,    &host.k,    &host.v,  &host.g,
+                                      &host.beta, &host.dout, &host.o,  &host.dq,
+                                      &host.dk,   &host.dv,   &host.dg, &host.dbeta};
     for (Buffer* b : all) {
       void* p = nullptr;
       cuda_ok(cudaMalloc(&p, b->bytes()), "cudaMalloc");
@@ -84,10 +85,10 @@ class DeviceLayer {
     return t;
   }
   void* device_of(const void* host_ptr) const {
-    const std::vector<const void*> hosts = {
-        host_.q.data(),  host_.k.data(),  host_.v.data(),  host_.g.data(),
-        host_.beta.data(), host_.dout.data(), host_.o.data(), host_.dq.data(),
-        host_.dk.data(), host_.dv.data(), host_.dg.data(), host_.dbeta.data()};
+    const std::vector<const void*> hosts = {host_.q.data(),  host_.k.data(),    host_.v.data(),
+                                            host_.g.data(),  host_.beta.data(), host_.dout.data(),
+                                            host_.o.data(),  host_.dq.data(),   host_.dk.data(),
+                                            host_.dv.data(), host_.dg.data(),   host_.dbeta.data()};
     for (std::size_t i = 0; i < hosts.size(); ++i)
       if (hosts[i] == host_ptr) return ptrs_[i];
     throw RuntimeFailure("gdr demo: a buffer that is not the layer's");
@@ -177,8 +178,8 @@ int run_demo_cuda(const Options& d) {
 
   json rows = json::array();
   for (const std::int64_t T : d.T) {
-    Layer layer = make_layer({d.batch, T, Hk, Hv, d.Dk, d.Dv}, dt,
-                             d.seed + static_cast<std::uint64_t>(T));
+    Layer layer =
+        make_layer({d.batch, T, Hk, Hv, d.Dk, d.Dv}, dt, d.seed + static_cast<std::uint64_t>(T));
     Timed t;
     {
       DeviceLayer dev(layer);
@@ -210,8 +211,19 @@ int run_demo_cuda(const Options& d) {
     const double total = t.fwd_s + (with_backward ? t.bwd_s : 0.0);
     char bwd[32] = "n/a";
     if (with_backward) std::snprintf(bwd, sizeof bwd, "%.3f", t.bwd_s * 1e3);
-    std::printf("%6lld | %9.3f %9s %9.3f | %8.3f | %8.1e %8.1e\n", (long long)T, t.fwd_s * 1e3,
-                bwd, total * 1e3, t.pool_peak_bytes / 1e9, eo, eg);
+    // Errors not measured (T above the CPU check's limit) print as "-" (a measured NaN as nan).
+    const bool checked = T <= d.max_check_T;
+    auto error_cell = [checked](double e, char(&cell)[16]) {
+      if (!checked)
+        std::snprintf(cell, sizeof cell, "%8s", "-");
+      else
+        std::snprintf(cell, sizeof cell, "%8.1e", e);
+      return cell;
+    };
+    char eo_cell[16], eg_cell[16];
+    std::printf("%6lld | %9.3f %9s %9.3f | %8.3f | %s %s\n", (long long)T, t.fwd_s * 1e3, bwd,
+                total * 1e3, t.pool_peak_bytes / 1e9, error_cell(eo, eo_cell),
+                error_cell(eg, eg_cell));
     std::fflush(stdout);
     json row = {{"T", T},
                 {"forward_s", t.fwd_s},
