@@ -139,16 +139,20 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
   }
   *ok = true;
   try {
+    // reps calls of `call`, each between two events, into `out`.
+    auto time_calls = [&](auto call, std::vector<float>& out) {
+      for (int i = 0; i < reps; ++i) {
+        ck(cudaEventRecord(a), "record");
+        call();
+        ck(cudaEventRecord(b), "record");
+        ck(cudaEventSynchronize(b), "sync");
+        float t = 0;
+        ck(cudaEventElapsedTime(&t, a, b), "elapsed");
+        out.push_back(t);
+      }
+    };
     for (int i = 0; i < 3; ++i) gdr::forward(p, cfg);
-    for (int i = 0; i < reps; ++i) {
-      ck(cudaEventRecord(a), "record");
-      gdr::forward(p, cfg);
-      ck(cudaEventRecord(b), "record");
-      ck(cudaEventSynchronize(b), "sync");
-      float t = 0;
-      ck(cudaEventElapsedTime(&t, a, b), "elapsed");
-      ms.push_back(t);
-    }
+    time_calls([&] { gdr::forward(p, cfg); }, ms);
     if (bwd) {
       cudaMemPool_t pool;
       ck(cudaDeviceGetMemPool(&pool, 0), "cudaDeviceGetMemPool");
@@ -156,15 +160,7 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
       ck(cudaDeviceSynchronize(), "backward");
       std::uint64_t zero = 0, high = 0;
       ck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), "pool reset");
-      for (int i = 0; i < reps; ++i) {
-        ck(cudaEventRecord(a), "record");
-        gdr::backward(bp, cfg);
-        ck(cudaEventRecord(b), "record");
-        ck(cudaEventSynchronize(b), "sync");
-        float t = 0;
-        ck(cudaEventElapsedTime(&t, a, b), "elapsed");
-        bwd_ms.push_back(t);
-      }
+      time_calls([&] { gdr::backward(bp, cfg); }, bwd_ms);
       ck(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), "pool high");
       std::sort(bwd_ms.begin(), bwd_ms.end());
       bwd->ms = bwd_ms[bwd_ms.size() / 2];
