@@ -30,30 +30,32 @@ DeviceGuard::~DeviceGuard() {
   if (prev_ != device_) cudaSetDevice(prev_);
 }
 
-int sm_count(int device, const char* op) {
+namespace {
+
+// Attribute `A` of `device`, asked once per device (devices 0..63; others every time).
+template <cudaDeviceAttr A>
+int cached_attribute(int device, const char* op, const char* what) {
   static std::atomic<int> cache[64] = {};
   if (device >= 0 && device < 64) {
     const int known = cache[device].load(std::memory_order_relaxed);
     if (known > 0) return known;
   }
-  int count = 0;
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), op,
-        "cudaDeviceGetAttribute(multiProcessorCount)");
-  if (device >= 0 && device < 64) cache[device].store(count, std::memory_order_relaxed);
-  return count;
+  int value = 0;
+  check(cudaDeviceGetAttribute(&value, A, device), op, what);
+  if (device >= 0 && device < 64) cache[device].store(value, std::memory_order_relaxed);
+  return value;
+}
+
+}  // namespace
+
+int sm_count(int device, const char* op) {
+  return cached_attribute<cudaDevAttrMultiProcessorCount>(
+      device, op, "cudaDeviceGetAttribute(multiProcessorCount)");
 }
 
 int smem_optin(int device, const char* op) {
-  static std::atomic<int> cache[64] = {};
-  if (device >= 0 && device < 64) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int bytes = 0;
-  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
-        "cudaDeviceGetAttribute(maxSharedMemoryPerBlockOptin)");
-  if (device >= 0 && device < 64) cache[device].store(bytes, std::memory_order_relaxed);
-  return bytes;
+  return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(
+      device, op, "cudaDeviceGetAttribute(maxSharedMemoryPerBlockOptin)");
 }
 
 int blocks_per_sm(const void* kernel, int threads, std::size_t smem, int device, const char* op) {
