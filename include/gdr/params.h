@@ -29,7 +29,7 @@ struct ScratchAllocator {
 
 // Options shared by all operations.
 struct Options {
-  float scale = 0.0f;                               // o_t = scale * S_t^T q_t; 0 means 1/sqrt(Dk)
+  float scale = 0.0f;  // o_t = scale * S_t^T q_t; 0 means 1/sqrt(Dk)
   StateLayout state_layout = StateLayout::k_first;  // layout of h0, final_state, dh0, pool state
   // Gate in kernel: `g` holds the raw `a`; g = -exp(A_log) * softplus(a + dt_bias).
   bool gate_in_kernel = false;
@@ -42,19 +42,18 @@ struct Options {
 
 // The inputs every direction reads.
 struct Inputs {
-  TensorView q;      // [B, T, Hk, Dk]      f32 | f16 | bf16 (| f64 on CPU)
-  TensorView k;      // [B, T, Hk, Dk]      as q
-  TensorView v;      // [B, T, Hv, Dv]      as q
-  TensorView g;      // [B, T, Hv] scalar gate or [B, T, Hv, Dk] per-key gate; natural log
-                     //   of the decay (<= 0; g > 0 is refused, -inf and NaN pass through,
-                     //   see ExecConfig::check_values), or raw `a` with
-                     //   gate_in_kernel; f32 or q's dtype
-  TensorView beta;   // [B, T, Hv]          f32 or q's dtype; raw `b` with beta_sigmoid
-  TensorView A_log;  // [Hv]                f32; only with gate_in_kernel
-  TensorView
-      dt_bias;      // [Hv] (scalar gate) or [Hv, Dk] (per-key gate) f32; only with gate_in_kernel
-  TensorView h0;    // optional [N, Hv, Dk, Dv] (k-first) or [N, Hv, Dv, Dk] (v-first) f32
-  TensorView mask;  // optional [B, T] bool; false = identity step, o_t = 0
+  TensorView q;           // [B, T, Hk, Dk]      f32 | f16 | bf16 (| f64 on CPU)
+  TensorView k;           // [B, T, Hk, Dk]      as q
+  TensorView v;           // [B, T, Hv, Dv]      as q
+  TensorView g;           // [B, T, Hv] scalar gate or [B, T, Hv, Dk] per-key gate; natural log
+                          //   of the decay (<= 0; g > 0 is refused, -inf and NaN pass through,
+                          //   see ExecConfig::check_values), or raw `a` with
+                          //   gate_in_kernel; f32 or q's dtype
+  TensorView beta;        // [B, T, Hv]          f32 or q's dtype; raw `b` with beta_sigmoid
+  TensorView A_log;       // [Hv]                f32; only with gate_in_kernel
+  TensorView dt_bias;     // [Hv] (scalar gate) or [Hv, Dk] (per-key gate) f32; only with gate_in_kernel
+  TensorView h0;          // optional [N, Hv, Dk, Dv] (k-first) or [N, Hv, Dv, Dk] (v-first) f32
+  TensorView mask;        // optional [B, T] bool; false = identity step, o_t = 0
   TensorView cu_seqlens;  // optional [N + 1] i32 | i64: 0 = c_0 <= c_1 <= ... <= c_N = T, B == 1
 };
 
@@ -106,19 +105,18 @@ struct BackwardParams {
 
 // One decode step of T = 1..16 tokens per sequence for B sequences, the state updated in place.
 struct DecodeParams {
-  TensorView q, k;  // [B, T, Hk, Dk]
-  TensorView v;     // [B, T, Hv, Dv]
-  TensorView g;     // [B, T, Hv] or [B, T, Hv, Dk] (see Inputs::g)
-  TensorView beta;  // [B, T, Hv]
+  TensorView q, k;          // [B, T, Hk, Dk]
+  TensorView v;             // [B, T, Hv, Dv]
+  TensorView g;             // [B, T, Hv] or [B, T, Hv, Dk] (see Inputs::g)
+  TensorView beta;          // [B, T, Hv]
   TensorView A_log, dt_bias;
-  TensorView mask;   // optional [B, T] bool
-  TensorView state;  // [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] f32 or bf16 (computed
-                     //   in fp32, stored rounded to nearest even once per step), read
-                     //   and written
-  TensorView
-      state_indices;  // optional [B] i32 | i64: sequence b uses state row state_indices[b]
-                      //   (negative: skip b, its o rows are written as 0); else row b (P >= B)
-  TensorView o;       // [B, T, Hv, Dv] written
+  TensorView mask;          // optional [B, T] bool
+  TensorView state;         // [P, Hv, Dk, Dv] (k-first) or [P, Hv, Dv, Dk] f32 or bf16 (computed
+                            //   in fp32, stored rounded to nearest even once per step), read
+                            //   and written
+  TensorView state_indices; // optional [B] i32 | i64: sequence b uses state row state_indices[b]
+                            //   (negative: skip b, its o rows are written as 0); else row b (P >= B)
+  TensorView o;             // [B, T, Hv, Dv] written
   Options opts;
 
   // The token inputs as the forward takes them (h0 and cu_seqlens not given): what validation
