@@ -296,7 +296,8 @@ struct CountingAllocator {
       auto* c = static_cast<CountingAllocator*>(self);
       if (c->refuse) return nullptr;
       void* ptr = nullptr;
-      if (cudaMallocAsync(&ptr, n, static_cast<cudaStream_t>(stream)) != cudaSuccess) return nullptr;
+      if (cudaMallocAsync(&ptr, n, static_cast<cudaStream_t>(stream)) != cudaSuccess)
+        return nullptr;
       ++c->taken;
       c->bytes += n;
       return ptr;
@@ -331,6 +332,10 @@ TEST(CudaChunkedBackward, ScratchAllocator) {
   EXPECT_GT(counter.taken, after_forward);
   EXPECT_EQ(counter.taken, counter.released);
   EXPECT_GT(counter.bytes, 0u);
+  ScratchAllocator incomplete = hooks;
+  incomplete.release = nullptr;
+  EXPECT_THROW(run_backward_cuda(d, nullptr, {}, Path::automatic, nullptr, &incomplete),
+               InvalidArgument);
   counter.refuse = true;
   try {
     run_backward_cuda(d, nullptr, {}, Path::automatic, nullptr, &hooks);

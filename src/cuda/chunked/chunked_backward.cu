@@ -14,16 +14,17 @@
 // No host synchronisation and no device-to-host copy (stream-ordered scratch: ExecConfig::scratch
 // or cudaMallocAsync; cu_seqlens read on the device): a call can be captured in a CUDA graph.
 // Deterministic: every sum has a fixed order.
-//   scratch per chunk slot and value head, floats: the forward's (3 Dk + Dv + C) C + Wg, plus
-//   2 C^2 (Tinv, KK) + C Wg (G) + Dk Dv (dS) + 2 C Dv (dVnew, dVb) + 2 C^2 (dMq, dA) + C +
-//   2 C Dk (yk, dbk) + 2 (1 + Wg) (double partials), plus Dk Dv chunk states unless `saved`
-//   holds them; per chunk slot and key head 2 C Dk (normalised Q, K). At Dk = Dv = 128 about
-//   6.4 KB per token and value head, plus 1 KB per token and key head (Q, K), plus 1 KB without
-//   `saved` (step 1: correctness first; docs/cuda-chunked.md).
+//   scratch per chunk slot of one window and value head, floats: the forward's
+//   (3 Dk + Dv + C) C + Wg, plus 2 C^2 (Tinv, KK) + C Wg (G) + Dk Dv (dS) + 2 C Dv (dVnew, dVb) +
+//   2 C^2 (dMq, dA) + C + 2 C Dk (yk, dbk); per chunk slot of the window and key head 2 C Dk
+//   (normalised Q, K). At Dk = Dv = 128 about 6.4 KB per token of the window and value head, plus
+//   1 KB per token and key head. Per chunk slot of the call and value head: 1 + Wg doubles (the
+//   gate-parameter partials) and, without `saved`, Dk Dv fp32 chunk states (one window then);
+//   with several windows the dS carry, Dk Dv floats per sequence and value head
+//   (docs/cuda-chunked.md §Backward memory).
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 
 #include "core/heuristics.h"
