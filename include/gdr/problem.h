@@ -42,7 +42,8 @@ struct SequenceSpan {
 enum class SavedContent { chunk_states, chunk_intermediates };
 
 // Shape and dtype of the saved-for-backward tensor: [chunk_rows, Hv, record], dtype f32 (f64
-// when the inputs are f64). chunk_rows is B ceil(T / C) or, under varlen,
+// when the inputs are f64; CUDA tensors with f16 / bf16 inputs also take bf16 chunk states, half
+// the bytes, read back widened to fp32: validate_saved). chunk_rows is B ceil(T / C) or, under varlen,
 // floor((T + N (C - 1)) / C): an upper bound of sum_n ceil(L_n / C) that depends on the shapes
 // only (so a caller can size it without reading cu_seqlens; the forward writes zeros in the rows
 // past the last sequence's chunks). record is Dk Dv (chunk_states) or Dk Dv + C^2 + C Dv

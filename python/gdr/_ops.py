@@ -125,8 +125,13 @@ def _alloc_forward(q, k, v, cu_seqlens, state_layout, output_final_state, chunk_
         fs = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
     _check_saved_content(save_for_backward, op)
     if save_for_backward != "none":
+        # CUDA with 16-bit inputs: bf16 chunk states (half the bytes; the CUDA backward widens
+        # them to fp32; docs/cuda-chunked.md §Backward memory). Else fp32 (float64 for float64).
+        bf16_states = (v.device.type == "cuda" and save_for_backward == "chunk_states" and
+                       q.dtype in (torch.bfloat16, torch.float16))
         saved = torch.empty(saved_shape(q, k, v, cu_seqlens, chunk_size, save_for_backward, op),
-                            dtype=_state_dtype(q), device=v.device)
+                            dtype=torch.bfloat16 if bf16_states else _state_dtype(q),
+                            device=v.device)
     else:
         saved = torch.empty((0,), dtype=_state_dtype(q), device=v.device)
     return o, fs, saved

@@ -99,9 +99,10 @@ void validate_cuda_backward(const Problem& prob, const BackwardParams& p, const 
   if (prob.Hv > 65535)
     refuse(op,
            "Hv is " + std::to_string(prob.Hv) + "; the CUDA chunked backward supports Hv <= 65535");
+  // saved's dtype (fp32, or bf16 chunk states under 16-bit inputs) is validate_saved's rule.
   const std::pair<const char*, const TensorView*> f32_only[] = {
-      {"h0", &in.h0},        {"dfinal_state", &p.dfinal_state}, {"dh0", &p.dh0},
-      {"dA_log", &p.dA_log}, {"ddt_bias", &p.ddt_bias},         {"saved", &p.saved}};
+      {"h0", &in.h0},         {"dfinal_state", &p.dfinal_state}, {"dh0", &p.dh0},
+      {"dA_log", &p.dA_log}, {"ddt_bias", &p.ddt_bias}};
   for (const auto& [name, t] : f32_only)
     if (t->defined() && t->dtype != DType::f32)
       refuse(op, std::string(name) + " has dtype " + std::string(to_string(t->dtype)) +

@@ -96,14 +96,22 @@ inline std::int64_t cuda_chunked_segment_chunks(std::int64_t N, std::int64_t Hv,
 // Dk = Dv = 128: W, Vnew, Qs, Kd, P, Tinv, dS, dVnew, ... in fp32) holds one window of slots at a
 // time, the windows taken last first with dS carried between them, so that its size is bounded
 // by the window, not by T (docs/cuda-chunked.md §Backward memory). The window's per-chunk kernels
-// have (slots in the window) x Hv blocks at about two per SM: kCudaBackwardWindowWaves full waves
-// (4 x 132 blocks on an H100: ~216 MB at Dk = Dv = 128) keep them busy, at the price of one launch
-// of each per window. Not yet measured against other window sizes.
+// have (slots in the window) x Hv blocks at about two per SM: up to kCudaBackwardWindowWaves full
+// waves of them (4 x 132 blocks on an H100: ~216 MB at Dk = Dv = 128) keep them busy, at the price
+// of one launch of each per window; a short call takes an eighth of its items per window, but at
+// least two waves (so that its scratch stays small next to its saved states and gradients: at
+// 1 x 4096, Hv = 32, the four-wave window was half of the peak, 2026-12-06). Not yet measured
+// against other window sizes (bench/cuda_chunked_time --backward --window W).
 inline constexpr std::int64_t kCudaBackwardWindowWaves = 4;
+inline constexpr std::int64_t kCudaBackwardMinWindowWaves = 2;
+inline constexpr std::int64_t kCudaBackwardWindowsPerCall = 8;
 
 inline std::int64_t cuda_backward_window_slots(std::int64_t slots, std::int64_t Hv, int sms) {
   if (slots <= 0 || Hv <= 0 || sms <= 0) return slots > 0 ? slots : 1;
-  const std::int64_t items = kCudaBackwardWindowWaves * static_cast<std::int64_t>(sms);
+  const std::int64_t most = kCudaBackwardWindowWaves * static_cast<std::int64_t>(sms);
+  const std::int64_t least = kCudaBackwardMinWindowWaves * static_cast<std::int64_t>(sms);
+  std::int64_t items = slots * Hv / kCudaBackwardWindowsPerCall;
+  items = items < least ? least : (items > most ? most : items);
   const std::int64_t w = (items + Hv - 1) / Hv;
   return w < slots ? w : slots;
 }

@@ -491,6 +491,27 @@ void validate_saved(const Problem& prob, const TensorView& saved, int chunk_size
   if (saved.shape[0] != states.chunk_rows || saved.shape[1] != states.Hv ||
       (saved.shape[2] != states.record && saved.shape[2] != full.record))
     fail(op, "saved has shape " + shape_str(saved) + "; " + expected);
+  // bf16 chunk states: CUDA tensors with 16-bit inputs (half the bytes; the CUDA backward reads
+  // them widened to fp32; docs/cuda-chunked.md §Backward memory), 16-byte aligned rows.
+  const bool bf16_allowed = prob.device == DeviceType::cuda &&
+                            (prob.dtype == DType::bf16 || prob.dtype == DType::f16) &&
+                            saved.shape[2] == states.record;
+  if (saved.dtype == DType::bf16 && bf16_allowed) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(saved.data);
+    if (addr % 16 != 0 || saved.stride[0] % 8 != 0 || saved.stride[1] % 8 != 0)
+      fail(op, "saved is bfloat16 with rows not 16-byte aligned (data % 16 = " +
+                   std::to_string(addr % 16) + ", strides " + std::to_string(saved.stride[0]) +
+                   ", " + std::to_string(saved.stride[1]) +
+                   "); bfloat16 chunk states need 16-byte aligned rows (strides multiples of 8)");
+    return;
+  }
+  if (saved.dtype == DType::bf16)
+    fail(op, std::string("saved has dtype bfloat16; bfloat16 chunk states are taken only for CUDA "
+                         "tensors with float16 or bfloat16 inputs and chunk states (record Dk Dv); "
+                         "here ") +
+                 (prob.device == DeviceType::cuda ? "" : "on the CPU, ") + "inputs " +
+                 std::string(to_string(prob.dtype)) + ", record " + std::to_string(saved.shape[2]) +
+                 ": expected " + std::string(to_string(states.dtype)));
   check_dtype(c, "saved", saved, {states.dtype});
 }
 

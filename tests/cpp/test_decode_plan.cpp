@@ -317,6 +317,16 @@ TEST(CudaSupport, Messages) {
               validate_cuda_forward(cuda_problem(128), f, Path::chunkwise, chunk32, "gdr.forward");
             }),
             "gdr.forward: chunk_size is 32; the CUDA chunked forward runs chunks of 64");
+  // The backward leaves saved's dtype to validate_saved (bf16 chunk states are allowed there
+  // under 16-bit inputs) and keeps the fp32-only rule for the state-shaped gradients.
+  BackwardParams b;
+  b.in.q = p.q;
+  b.saved = TensorView::contiguous(&x, DType::bf16, {1, 2, 128 * 128}, DeviceType::cuda);
+  EXPECT_EQ(refusal([&] { validate_cuda_backward(cuda_problem(128), b, config, "gdr.backward"); }),
+            "");
+  b.dh0 = TensorView::contiguous(&x, DType::bf16, {1, 2, 128, 128}, DeviceType::cuda);
+  EXPECT_EQ(refusal([&] { validate_cuda_backward(cuda_problem(128), b, config, "gdr.backward"); }),
+            "gdr.backward: dh0 has dtype bfloat16; on cuda it must be float32");
 }
 
 }  // namespace

@@ -564,6 +564,12 @@ TEST_F(Validation, SavedForBackward) {
     call({}, {op + ": saved has dtype float16; expected float32"});
     view.dtype = DType::f64;
     call({}, {"saved has dtype float64; expected float32"});
+    // bf16 chunk states: only CUDA tensors with 16-bit inputs (and chunk states, not
+    // intermediates).
+    view.dtype = DType::bf16;
+    call({}, {op + ": saved has dtype bfloat16; bfloat16 chunk states are taken only for CUDA "
+                   "tensors with float16 or bfloat16 inputs and chunk states (record Dk Dv); here "
+                   "on the CPU, inputs float32, record 4528: expected float32"});
     view = saved.view();
     view.stride[2] = 2;
     call({}, {"saved has stride 2 in its last dim; the last dim must be contiguous"});

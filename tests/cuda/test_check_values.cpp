@@ -126,8 +126,8 @@ TEST(CudaCheckValues, InvalidCuSeqlensRefusedWhenAskedClampedOtherwise) {
       c.cu_seqlens_i64 = i64;
       TestData d = make_problem(c);
       d.cu_seqlens.set(b.index, b.value);
-      const std::string label = describe(d.c, d.seed) + " cu_seqlens[" +
-                                std::to_string(b.index) + "] = " + std::to_string(b.value);
+      const std::string label = describe(d.c, d.seed) + " cu_seqlens[" + std::to_string(b.index) +
+                                "] = " + std::to_string(b.value);
       DeviceMirror m;
       ForwardParams p = mirror_forward_params(m, d.forward_params());
       for (const Path path : {Path::sequential, Path::chunkwise}) {

@@ -48,8 +48,15 @@ void note(const std::string& family, const BackwardResult& got, const BackwardRe
 // The CUDA chunked forward with `saved` (chunk states, poisoned first) on device copies; returns
 // the device saved tensor (owned by `m`).
 // `forced`: the forward's DecodeOverrides (segment split, overlap), or null for its rules.
-TensorView forward_saved(TestData& d, DeviceMirror& m, const DecodeOverrides* forced = nullptr) {
+// saved_bf16: the saved tensor in bf16 (16-bit inputs; validate_saved).
+TensorView forward_saved(TestData& d, DeviceMirror& m, const DecodeOverrides* forced = nullptr,
+                         bool saved_bf16 = false) {
   HostTensor saved_host = make_saved(d, 64, SavedContent::chunk_states);
+  if (saved_bf16) {
+    const TensorView v = saved_host.view();
+    saved_host = HostTensor(DType::bf16, {v.shape[0], v.shape[1], v.shape[2]});
+    saved_host.poison();
+  }
   ForwardParams p = mirror_forward_params(m, d.forward_params());
   p.saved = m.to_device(saved_host.view());
   ExecConfig cfg;
@@ -197,11 +204,11 @@ TEST(CudaChunkedBackward, WideReversePass) {
 
 // The saved chunk states written by the forward's fwd-fast modes (bf16 scratch with row factors:
 // scalar gate, bf16, no mask; the exact segment split, forced to 2 chunks per segment; the state
-// pass with the output kernel overlapped, or not) feed the backward, which recomputes W, U, Vnew
-// in fp32 (chunked_host.cuh launch_prep_fp32) from them.
+// pass with the output kernel overlapped, or not; bf16 saved states) feed the backward, which
+// recomputes W, U, Vnew in fp32 (chunked_host.cuh launch_prep_fp32) from them.
 TEST(CudaChunkedBackward, SavedFromForwardModes) {
   REQUIRE_GPU();
-  for (int mode = 0; mode < 3; ++mode)
+  for (int mode = 0; mode < 4; ++mode)
     for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
       Case c = base_case(1, 0, 2, 4, 64);
       c.seqlens = {330, 70, 1};
@@ -215,9 +222,12 @@ TEST(CudaChunkedBackward, SavedFromForwardModes) {
       if (mode == 1) forced.chunked_overlap = 2;    // unsplit, output kernel overlapped
       if (mode == 2) forced.chunked_segments = -1;  // unsplit, no overlap
       if (mode == 2) forced.chunked_overlap = 1;
+      // mode 3: bf16 saved chunk states (the backward widens them to fp32 as it reads), windows of
+      // 3 chunk slots.
       DeviceMirror m;
-      const TensorView saved = forward_saved(d, m, &forced);
-      const BackwardResult got = run_backward_cuda(d, nullptr, saved);
+      const TensorView saved = forward_saved(d, m, &forced, mode == 3);
+      if (mode == 3) forced.chunked_backward_window = 3;
+      const BackwardResult got = run_backward_cuda(d, nullptr, saved, Path::automatic, &forced);
       const std::string family = "saved from fwd mode " + std::to_string(mode);
       note(family, got, ref);
       expect_backward_close(got, ref, backward_tolerance(c), family + ": " + describe(c, d.seed));

@@ -88,19 +88,20 @@ class StreamScope {
 // The kernel path: 1 = staged, 2 = one-token where it applies, 3 = staged with the narrow tile
 // where it exists (k-first, Dk < 256), 4 = the chunk kernel where it applies (k-first, Dk = 128,
 // scalar gate, fp32 or bf16 state with aligned rows), 5 = the chunk kernel with items of 128
-// columns (6, items of 32 columns, is gone with those items), 7 = the chunk kernel with the rule's items and its first state wait early (the
-// tests' grids take the late wait by the rule), 8 and 9 = the chunk kernel on a grid of 3 blocks
-// (several items per block: the persistent loop of large grids, with each next item's state and
-// tokens copied during the current one) with static and with dynamic items; 10 = the ring kernel
-// where it applies (1 to 8 tokens of 16-bit inputs or 1 to 4 of f32, k-first fp32 state, Dk = 128,
-// Dv % 128 == 0, scalar gate, aligned rows; the rules elsewhere), 11 = the ring kernel on a grid of
-// 2 blocks (several items per block: its slots refilled and reused), 12 = the ring kernel with its
-// consumers token by token, 13 and 14 = the ring kernel with its consumers on one chunk (tensor
-// cores) wherever that exists (16-bit inputs, scalar gate), on the resident blocks and on 2; 15 =
-// the slice kernel where it applies (1 to 8 tokens of 16-bit inputs, k-first fp32 state,
-// Dk = 128, scalar gate, aligned rows; the rules elsewhere); 16 and 17 = the ring kernel on 2
-// blocks with dynamic items from round 3, its consumers on one chunk and token by token; 18 = the
-// ring kernel on 3 blocks, its consumers on one chunk, with dynamic items after the full rounds.
+// columns (6, items of 32 columns, is gone with those items), 7 = the chunk kernel with the rule's
+// items and its first state wait early (the tests' grids take the late wait by the rule), 8 and 9 =
+// the chunk kernel on a grid of 3 blocks (several items per block: the persistent loop of large
+// grids, with each next item's state and tokens copied during the current one) with static and with
+// dynamic items; 10 = the ring kernel where it applies (1 to 8 tokens of 16-bit inputs or 1 to 4 of
+// f32, k-first fp32 state, Dk = 128, Dv % 128 == 0, scalar gate, aligned rows; the rules
+// elsewhere), 11 = the ring kernel on a grid of 2 blocks (several items per block: its slots
+// refilled and reused), 12 = the ring kernel with its consumers token by token, 13 and 14 = the
+// ring kernel with its consumers on one chunk (tensor cores) wherever that exists (16-bit inputs,
+// scalar gate), on the resident blocks and on 2; 15 = the slice kernel where it applies (1 to 8
+// tokens of 16-bit inputs, k-first fp32 state, Dk = 128, scalar gate, aligned rows; the rules
+// elsewhere); 16 and 17 = the ring kernel on 2 blocks with dynamic items from round 3, its
+// consumers on one chunk and token by token; 18 = the ring kernel on 3 blocks, its consumers on one
+// chunk, with dynamic items after the full rounds.
 class PathScope {
  public:
   explicit PathScope(int path) : saved_(t_overrides) {
@@ -110,9 +111,9 @@ class PathScope {
         ring_dynamic ? 5 : (path == 15 ? 6 : (path >= 10 ? 5 : (path >= 5 ? 4 : path))));
     o.chunk_columns = path == 5 ? 128 : 0;
     o.chunk_first_wait = path == 7 ? 2 : 0;
-    o.persistent_blocks =
-        path == 8 || path == 9 || path == 18 ? 3
-                                             : (path == 11 || path == 14 || ring_dynamic ? 2 : 0);
+    o.persistent_blocks = path == 8 || path == 9 || path == 18
+                              ? 3
+                              : (path == 11 || path == 14 || ring_dynamic ? 2 : 0);
     o.chunk_schedule = path == 8 ? 1 : (path == 9 ? 2 : 0);
     o.ring_math = path == 12 || path == 17
                       ? 1
@@ -532,13 +533,13 @@ TEST(CudaDecode, MisalignedPool) {
 }
 
 // The ring kernel's chunk consumers move the state and the token rows through tensor maps
-// (src/cuda/common/tensor_maps.cu, encode_state_map: a 5-D box per item, 128-byte swizzle; encode_token_map: a box of
-// an item's T rows of q, k or v): pools whose key rows are padded by 4 and 8 elements (row
-// strides of 528 and 544 bytes), token rows padded by 8 and 16 elements (strides of 272 and 288
-// bytes, the heads' and tokens' strides then not the dense ones), two items per head (Dv = 256:
-// the stripe and the v box's column coordinates), a pool with indices and a skipped row, 16-bit
-// inputs at 6 and 8 tokens with a mask. Paths 13 and 14 take the maps; the other paths run the
-// same cases by their kernels.
+// (src/cuda/common/tensor_maps.cu, encode_state_map: a 5-D box per item, 128-byte swizzle;
+// encode_token_map: a box of an item's T rows of q, k or v): pools whose key rows are padded by 4
+// and 8 elements (row strides of 528 and 544 bytes), token rows padded by 8 and 16 elements
+// (strides of 272 and 288 bytes, the heads' and tokens' strides then not the dense ones), two items
+// per head (Dv = 256: the stripe and the v box's column coordinates), a pool with indices and a
+// skipped row, 16-bit inputs at 6 and 8 tokens with a mask. Paths 13 and 14 take the maps; the
+// other paths run the same cases by their kernels.
 TEST(CudaDecode, RingChunkTensorMaps) {
   REQUIRE_GPU();
   for (DType dtype : {DType::bf16, DType::f16})
@@ -634,11 +635,12 @@ TEST(CudaDecode, DynamicItemsGraphReplays) {
     for (std::int64_t T : {1, 8}) {
       Case c = decode_case(5, T, 2, 4, 128);
       c.dtype = DType::bf16;
-      check_decode_steps(c, 1 + kReplays, " graph replays" + std::string(path_name(path)),
-                         [](DecodeParams& p, cudaStream_t stream) {
-                           decode(p, test_config(stream));  // eager (and the arena made, if it is not yet)
-                           replay_captured_decode(p, stream, kReplays);
-                         });
+      check_decode_steps(
+          c, 1 + kReplays, " graph replays" + std::string(path_name(path)),
+          [](DecodeParams& p, cudaStream_t stream) {
+            decode(p, test_config(stream));  // eager (and the arena made, if it is not yet)
+            replay_captured_decode(p, stream, kReplays);
+          });
     }
   }
 }

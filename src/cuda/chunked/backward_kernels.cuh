@@ -58,8 +58,10 @@ __device__ __forceinline__ float* f32(void* p) {
 
 struct BwdArgs {
   ChunkArgs c;  // inputs, options and the prep's scratch (chunked_common.cuh)
-  // The states entering each chunk [slot, Hv, Dk * Dv] (k-first): saved or recomputed.
+  // The states entering each chunk [slot, Hv, Dk * Dv] (k-first): saved or recomputed; fp32, or
+  // bf16 (states16, the forward's bf16 saved record: S16 kernels widen them to fp32 as they read).
   const float* states;
+  const __nv_bfloat16* states16;
   std::int64_t st_s0, st_s1;
   const void* dout;
   std::int64_t do_sb, do_st, do_sh;
@@ -315,7 +317,25 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
 
 // Vnew = U - W S over U, every chunk independent (the forward's saved chunk states given: no state
 // pass). Grid (slots, Hv, Dv / 64).
-template <bool X3>
+// The state S of a chunk as fp32 at element e of its record: fp32 rows, or bf16 rows (S16).
+template <bool S16>
+struct StateRow {
+  const float* f;
+  const __nv_bfloat16* h;
+  __device__ __forceinline__ StateRow(const BwdArgs& b, std::int64_t slot, int h_, int col0) {
+    const std::int64_t off = slot * b.st_s0 + h_ * b.st_s1 + col0;
+    f = S16 ? nullptr : b.states + off;
+    h = S16 ? b.states16 + off : nullptr;
+  }
+  __device__ __forceinline__ float operator[](std::int64_t e) const {
+    if constexpr (S16)
+      return __bfloat162float(h[e]);
+    else
+      return f[e];
+  }
+};
+
+template <bool X3, bool S16>
 __global__ void __launch_bounds__(kThreads) bwd_vnew_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
   const int Dk = a.Dk, Dv = a.Dv;
@@ -331,7 +351,7 @@ __global__ void __launch_bounds__(kThreads) bwd_vnew_kernel(BwdArgs b) {
   if (!slot_chunk(a, slot, seq, t0, len)) return;
   const std::int64_t pidx = wslot * a.Hv + h;
   const float* W = f32(a.W) + pidx * kC * Dk;
-  const float* S = b.states + slot * b.st_s0 + h * b.st_s1 + col0;
+  const StateRow<S16> S(b, slot, h, col0);
   float* U = f32(a.U) + pidx * kC * Dv + col0;
   for (int t = warp; t < 16; t += kThreads / 32) {
     const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
@@ -462,7 +482,7 @@ __device__ __forceinline__ float softplus_grad(float x) {
   return x > 20.f ? 1.f : 1.f / (1.f + expf(-x));
 }
 
-template <bool PerKey, bool X3>
+template <bool PerKey, bool X3, bool S16>
 __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
   extern __shared__ float4 smem4[];
@@ -499,7 +519,7 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
   const std::int64_t kidx = (wslot * a.Hk + hk) * kC * Dk;
   const float* Qn = a.Qn_out + kidx;
   const float* Kn = a.Kn_out + kidx;
-  const float* S = b.states + slot * b.st_s0 + h * b.st_s1;
+  const StateRow<S16> S(b, slot, h, 0);
   const float* dS = b.dS + pidx * Dk * Dv;
   const float* Vn = f32(a.U) + pidx * kC * Dv;
   const float* dVb = b.dVb + pidx * kC * Dv;

@@ -68,8 +68,8 @@ void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t s
   const std::int64_t slots = chunked::window_slots(a);  // this window's
   const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(a.Hv));
   if (with_saved && slots > 0) {
-    chunked::bwd_vnew_kernel<X3>
-        <<<dim3(grid.x, grid.y, static_cast<unsigned>(a.Dv / 64)), kThreads, 0, stream>>>(b);
+    (b.states16 ? chunked::bwd_vnew_kernel<X3, !X3> : chunked::bwd_vnew_kernel<X3, false>)<<<
+        dim3(grid.x, grid.y, static_cast<unsigned>(a.Dv / 64)), kThreads, 0, stream>>>(b);
     check(cudaGetLastError(), op, "bwd_vnew_kernel launch");
   }
   // The reverse pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
@@ -88,8 +88,10 @@ void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t s
     check(cudaGetLastError(), op, "bwd_dvb_kernel launch");
   }
   {
-    const auto kernel =
-        a.per_key ? chunked::bwd_key_kernel<true, X3> : chunked::bwd_key_kernel<false, X3>;
+    const auto kernel = b.states16 ? (a.per_key ? chunked::bwd_key_kernel<true, X3, !X3>
+                                                : chunked::bwd_key_kernel<false, X3, !X3>)
+                                   : (a.per_key ? chunked::bwd_key_kernel<true, X3, false>
+                                                : chunked::bwd_key_kernel<false, X3, false>);
     const std::size_t smem = chunked::bwd_key_smem_bytes(a.Dk, a.Dv, a.per_key);
     prepare(kernel, smem, device, op);
     kernel<<<grid, kThreads, smem, stream>>>(b);
@@ -202,7 +204,10 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
     b.states = a.saved;
     b.st_s0 = a.saved_s0, b.st_s1 = a.saved_s1;
   } else {
-    b.states = static_cast<const float*>(p.saved.data);
+    if (p.saved.dtype == DType::bf16)  // 16-bit inputs only (validate_saved)
+      b.states16 = static_cast<const __nv_bfloat16*>(p.saved.data);
+    else
+      b.states = static_cast<const float*>(p.saved.data);
     b.st_s0 = p.saved.stride[0], b.st_s1 = p.saved.stride[1];
   }
   if (carry > 0) b.dS_carry = f, f += carry;

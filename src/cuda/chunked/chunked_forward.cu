@@ -197,6 +197,9 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     else
       a.states16 = static_cast<__nv_bfloat16*>(rows);
     a.saved_s0 = prob.Hv * prob.Dk * prob.Dv, a.saved_s1 = prob.Dk * prob.Dv;
+  } else if (p.saved.dtype == DType::bf16) {  // bf16 chunk states (16-bit inputs; validate_saved)
+    a.states16 = static_cast<__nv_bfloat16*>(p.saved.data);
+    a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
   } else {
     a.saved = static_cast<float*>(p.saved.data);
     a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
