@@ -56,6 +56,9 @@ struct DecodeOverrides {
                                     //   pass, 2 = overlapped with it where possible (the rule: 2)
   int chunked_backward_window = 0;  // the chunked backward given the forward's chunk states:
                                     //   chunk slots per window of its per-chunk scratch (> 0)
+  int chunked_prep = 0;             // the chunked forward's prep kernel: 1 = the general one
+                                    //   (fp32 staging, tf32 products), 2 = the bf16 one where it
+                                    //   applies (the rule: row factors, 16-byte aligned rows)
 };
 
 }  // namespace gdr

@@ -292,6 +292,31 @@ TEST(CudaChunkedForward, Bf16ScratchManyChunks) {
     }
 }
 
+// The two prep kernels of the row-factor path (scalar gate, bf16, no mask): the general one
+// (fp32 staging, tf32 products; DecodeOverrides::chunked_prep = 1) and the bf16 one (products on
+// the raw rows, the Tinv factors split into bf16 hi + lo; prep_bf16_kernel.cuh, the rule), each
+// against the float64 reference: head dims 64 / 128 / 256, the fused options, GQA, g = -30, varlen
+// with empty and 1-token sequences, h0 and the final state.
+TEST(CudaChunkedForward, PrepKernels) {
+  REQUIRE_GPU();
+  for (int prep : {1, 2})
+    for (int opts = 0; opts < 5; ++opts) {
+      Case c = base_case(opts == 3 ? 1 : 2, opts == 3 ? 0 : 64 * 3 + 5, 2, 4, 128);
+      if (opts == 1) c.Dv = 256;
+      if (opts == 2) c.Dk = c.Dv = 64;
+      if (opts == 4) c.Dk = 256, c.Dv = 64;
+      c.gate = GateKind::scalar;
+      c.qk_l2norm = opts == 1 || opts == 3;
+      c.gate_in_kernel = c.beta_sigmoid = opts == 2 || opts == 3;
+      c.decay = opts == 4 ? Decay::extreme : (opts == 2 ? Decay::strong : Decay::mild);
+      c.h0 = c.final_state = true;
+      if (opts == 3) c.seqlens = {0, 1, 130, 64, 65};
+      DecodeOverrides o;
+      o.chunked_prep = prep;
+      check_chunked("prep kernel " + std::to_string(prep), c, opts == 0, 0, o);
+    }
+}
+
 // Exact segment split of the state pass (src/core/heuristics.h cuda_chunked_segment_chunks;
 // forced here through DecodeOverrides::chunked_segments: -1 off, n > 0 chunks per segment): a
 // long single sequence, varlen with one long sequence among short, empty and 1-token ones, and

@@ -17,6 +17,7 @@
 
 #include "core/heuristics.h"
 #include "cuda/chunked/chunked_host.cuh"
+#include "cuda/chunked/prep_bf16_kernel.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/scratch.h"
 #include "cuda/paths.h"
@@ -59,7 +60,20 @@ void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const ch
 template <class St>
 void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced, int sms,
                  int smem_optin, int dev, cudaStream_t stream, const char* op) {
-  if (a.slots > 0) {
+  // The bf16 prep kernel (prep_bf16_kernel.cuh) where it applies: the row-factor path with
+  // 16-byte aligned q, k, v rows.
+  bool prep_bf16 = false;
+  if constexpr (sizeof(St) == 2)
+    prep_bf16 = a.row_factors && a.rows16 && forced.chunked_prep != 1 &&
+                chunked::prep_bf16_smem_bytes(a.Dk, a.Dv) <= static_cast<std::size_t>(smem_optin);
+  if (a.slots > 0 && prep_bf16) {
+    const auto kernel = chunked::chunk_prep_bf16_kernel;
+    const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv);
+    allow_shared(reinterpret_cast<const void*>(kernel), smem, dev, op, true);
+    kernel<<<dim3(static_cast<unsigned>(chunked::window_slots(a)), static_cast<unsigned>(a.Hv)),
+             chunked::kPrepBf16Threads, smem, stream>>>(a);
+    check(cudaGetLastError(), op, "chunk_prep_bf16_kernel launch");
+  } else if (a.slots > 0) {
     if (a.per_key)
       chunked::launch_prep_kernel<true, St>(a, dev, stream, op);
     else

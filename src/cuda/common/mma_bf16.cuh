@@ -39,4 +39,26 @@ __device__ __forceinline__ void split_bf16(float x, float y, std::uint32_t& hi, 
   lo = *reinterpret_cast<const std::uint32_t*>(&l);
 }
 
+// ldmatrix: four 8 x 8 matrices of 16-bit elements from shared memory, one row address per lane
+// (lanes 8 m .. 8 m + 7 give the rows of matrix m; rows 16-byte aligned). Without .trans, lane
+// 4 i + c receives row i, elements 2c and 2c + 1 of each matrix (an A fragment, or a B fragment
+// from B^T stored row-major); with .trans, elements (2c, i) and (2c + 1, i) (a B fragment from B
+// stored row-major, k along the rows). r.x .. r.w: matrices 0 .. 3.
+__device__ __forceinline__ uint4 ldmatrix_x4(const void* row) {
+  uint4 r;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "r"(smem_addr(row))
+               : "memory");
+  return r;
+}
+__device__ __forceinline__ uint4 ldmatrix_x4_trans(const void* row) {
+  uint4 r;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "r"(smem_addr(row))
+               : "memory");
+  return r;
+}
+
 }  // namespace gdr::cuda::detail

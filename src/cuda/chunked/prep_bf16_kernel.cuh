@@ -1,0 +1,266 @@
+// chunk_prep_bf16_kernel: the prep kernel of the row-factor path (scalar gate, bf16 q, k, v with
+// 16-byte aligned rows, no mask; chunked_forward.cu takes it there unless
+// DecodeOverrides::chunked_prep = 1). It writes what chunk_prep_kernel<false, bf16> writes in
+// that mode (chunked_kernels.cuh: W, U, P in bf16, the row factors fq, fk and gn in fp32), with
+// every product on the raw bf16 rows (mma.sync m16n8k16, fragments by ldmatrix):
+//   KK = K K^T, QK = Q K^T on the raw rows (exact products, fp32 sums); the L2 norms and the gates
+//        are row and column scalings of the [C, C] results:
+//        A[r, j] = beta_r Gam[r, j] nk_r nk_j KK[r, j]   (j < r),
+//        P[r, j] = scale Gam[r, j] nq_r nk_j QK[r, j]   (j <= r),  Gam[r, j] = e^{G_r - G_j};
+//   Tinv = (I + A)^{-1} (tinv.cuh, fp32);
+//   W = Tinv diag(beta e^G nk) K,  U = Tinv diag(beta) V: the column scalings folded into Tinv,
+//        whose fp32 entries are split into bf16 hi + lo (two products, ~2^-17 relative,
+//        mma_bf16.cuh) against the exact raw K, V rows; rows of Tinv past the diagonal block are
+//        zero, so row block i takes the k steps 0 .. i only.
+// nq_r, nk_r are 1 / |q_r|, 1 / |k_r| with qk_l2norm, else 1. One block of 256 threads per (chunk
+// slot, value head); the q, k, v rows arrive by cp.async (rows past the chunk zero-filled).
+// Shared memory (bytes, Dk = Dv = 128: ~89 KB, two blocks per SM):
+//   sK [C][Dk + 8] bf16 | sQ [C][Dk + 8] bf16, later Tinv [C][68] fp32 | sV [C][Dv + 8] bf16 |
+//   A [C][68] fp32, later the W factor's hi, lo [C][72] bf16 | the U factor's hi, lo [C][72] bf16 |
+//   G, beta, nq, nk, the W column factor [C] fp32 each.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/chunked/chunked_common.cuh"
+#include "cuda/chunked/tinv.cuh"
+
+namespace gdr::cuda::chunked {
+
+inline constexpr int kPrepBf16Threads = 256;
+inline constexpr int kLdT16 = kC + 8;  // row stride (bf16) of the split Tinv factors
+
+struct PrepBf16Smem {
+  std::size_t k, q, v, a, tu, small;
+  __host__ __device__ PrepBf16Smem(int Dk, int Dv) {
+    k = 2 * std::size_t(kC) * (Dk + 8);
+    const std::size_t tinv = 4 * std::size_t(kC) * kLdA;
+    q = k > tinv ? k : tinv;
+    v = 2 * std::size_t(kC) * (Dv + 8);
+    const std::size_t split = 2 * 2 * std::size_t(kC) * kLdT16;
+    a = tinv > split ? tinv : split;
+    tu = split;
+    small = 5 * 4 * std::size_t(kC);
+  }
+  __host__ __device__ std::size_t bytes() const { return k + q + v + a + tu + small; }
+};
+
+inline std::size_t prep_bf16_smem_bytes(int Dk, int Dv) {
+  return PrepBf16Smem(Dk, Dv).bytes();
+}
+
+// acc[nt] += F[r0 .. r0 + 15, 0 .. 16 (rb + 1)) X[.., c0 .. c0 + 31] for F = hi + lo (split
+// factors, [C][kLdT16]) and X bf16 rows [C][ldX] (k = token along the rows: ldmatrix .trans).
+__device__ __forceinline__ void split_factor_product(float (&acc)[4][4], const __nv_bfloat16* hi,
+                                                     const __nv_bfloat16* lo,
+                                                     const __nv_bfloat16* sX, int ldX, int rb,
+                                                     int c0) {
+  const int lane = threadIdx.x & 31;
+  const int a_off = (16 * rb + (lane & 15)) * kLdT16 + 8 * (lane >> 4);
+  const __nv_bfloat16* bX = sX + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ldX + c0 + 8 * (lane >> 4);
+  for (int kb = 0; kb <= rb; ++kb) {
+    const uint4 ah = detail::ldmatrix_x4(hi + a_off + 16 * kb);
+    const uint4 al = detail::ldmatrix_x4(lo + a_off + 16 * kb);
+    const uint4 b01 = detail::ldmatrix_x4_trans(bX + 16 * kb * ldX);
+    const uint4 b23 = detail::ldmatrix_x4_trans(bX + 16 * kb * ldX + 16);
+    detail::mma_bf16(acc[0], ah, b01.x, b01.y);
+    detail::mma_bf16(acc[1], ah, b01.z, b01.w);
+    detail::mma_bf16(acc[2], ah, b23.x, b23.y);
+    detail::mma_bf16(acc[3], ah, b23.z, b23.w);
+    detail::mma_bf16(acc[0], al, b01.x, b01.y);
+    detail::mma_bf16(acc[1], al, b01.z, b01.w);
+    detail::mma_bf16(acc[2], al, b23.x, b23.y);
+    detail::mma_bf16(acc[3], al, b23.z, b23.w);
+  }
+}
+
+// out [C][D] (bf16, global) = F X over D / 32 column blocks of 32 and 4 row blocks of 16, tiles
+// dealt to the 8 warps so that each gets the same number of k steps (row blocks i and 3 - i).
+__device__ __forceinline__ void split_factor_rows(__nv_bfloat16* out, int D,
+                                                  const __nv_bfloat16* hi, const __nv_bfloat16* lo,
+                                                  const __nv_bfloat16* sX, int ldX) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+  const int tiles = 4 * (D / 32);
+  for (int t = warp; t < tiles; t += kPrepBf16Threads / 32) {
+    const int rb = ((t >> 3) & 1) ? 3 - (t & 3) : (t & 3), c0 = 32 * (t >> 2);
+    float acc[4][4] = {};
+    split_factor_product(acc, hi, lo, sX, ldX, rb, c0);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int col = c0 + 8 * nt + 2 * lc, r = 16 * rb + lg;
+      store_pair(out + r * D + col, acc[nt][0], acc[nt][1]);
+      store_pair(out + (r + 8) * D + col, acc[nt][2], acc[nt][3]);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(ChunkArgs a) {
+  extern __shared__ float4 smem4[];
+  const int Dk = a.Dk, Dv = a.Dv, ldK = Dk + 8, ldV = Dv + 8;
+  const PrepBf16Smem lay(Dk, Dv);
+  char* p = reinterpret_cast<char*>(smem4);
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(p);
+  p += lay.k;
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(p);
+  float* sT = reinterpret_cast<float*>(p);  // Tinv, once the q rows are no longer read
+  p += lay.q;
+  __nv_bfloat16* sV = reinterpret_cast<__nv_bfloat16*>(p);
+  p += lay.v;
+  float* sA = reinterpret_cast<float*>(p);
+  __nv_bfloat16* sTwHi = reinterpret_cast<__nv_bfloat16*>(p);  // once A is no longer read
+  __nv_bfloat16* sTwLo = sTwHi + kC * kLdT16;
+  p += lay.a;
+  __nv_bfloat16* sTuHi = reinterpret_cast<__nv_bfloat16*>(p);
+  __nv_bfloat16* sTuLo = sTuHi + kC * kLdT16;
+  p += lay.tu;
+  float* sG = reinterpret_cast<float*>(p);
+  float* sBeta = sG + kC;
+  float* sNq = sBeta + kC;
+  float* sNk = sNq + kC;
+  float* sFw = sNk + kC;  // beta e^G nk: W's column factor
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const std::int64_t wslot = blockIdx.x;
+  const std::int64_t slot = a.slot_base + wslot;
+  const int h = blockIdx.y;
+  const int hk = h / a.group;
+  std::int64_t n = 0;
+  if (!slot_sequence(a, slot, n)) {  // surplus slot (varlen): zero its chunk-state row
+    if (a.saved) {
+      float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
+      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kPrepBf16Threads) rec[i] = 0.f;
+    } else if (a.states16) {
+      __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1;
+      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kPrepBf16Threads)
+        rec[i] = __float2bfloat16(0.f);
+    }
+    return;
+  }
+  const SeqInfo seq = seq_info(a, n);
+  const std::int64_t c = slot - seq.slot0;
+  const std::int64_t t0 = seq.bos + c * kC;
+  const std::int64_t rem = seq.len - c * kC;
+  const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+
+  copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
+  copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
+  detail::cp_async_commit();
+  copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
+  detail::cp_async_commit();
+  if (tid < kC) {  // beta and the log decay per row; rows past the chunk: 0 (identity steps)
+    float beta = 0.f, g = 0.f;
+    if (tid < len) {
+      const std::int64_t t = t0 + tid;
+      beta = load_as_float(a.beta, seq.b * a.beta_sb + t * a.beta_st + h * a.beta_sh, a.beta_dtype);
+      if (a.beta_sigmoid) beta = 1.f / (1.f + expf(-beta));
+      g = load_as_float(a.g, seq.b * a.g_sb + t * a.g_st + h * a.g_sh, a.g_dtype);
+      if (a.gate_in_kernel)
+        g = -expf(a.A_log[h * a.A_log_s]) *
+            softplus(g + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f));
+    }
+    sBeta[tid] = beta;
+    sG[tid] = floor_log_decay(g);
+    sNq[tid] = sNk[tid] = 1.f;
+  }
+  cp_async_wait<1>();  // this thread's q, k copies
+  __syncthreads();
+  if (tid == 0) {  // G in token order, as the CPU paths (the roundings cancel in G_r - G_j)
+    float s = 0.f;
+    for (int r = 0; r < kC; ++r) {
+      s += sG[r];
+      sG[r] = s;
+    }
+  }
+  if (a.qk_l2norm) {  // 1 / |q_r|, 1 / |k_r| (a warp per row, bf16 pairs)
+    for (int r = warp; r < kC; r += kPrepBf16Threads / 32) {
+      float sk = 0.f, sq = 0.f;
+      for (int i = 2 * lane; i < Dk; i += 64) {
+        const float2 kf =
+            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sK + r * ldK + i));
+        const float2 qf =
+            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sQ + r * ldK + i));
+        sk += kf.x * kf.x + kf.y * kf.y;
+        sq += qf.x * qf.x + qf.y * qf.y;
+      }
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) {
+        sk += __shfl_xor_sync(0xffffffffu, sk, m);
+        sq += __shfl_xor_sync(0xffffffffu, sq, m);
+      }
+      if (lane == 0) sNk[r] = 1.f / sqrtf(sk + a.eps), sNq[r] = 1.f / sqrtf(sq + a.eps);
+    }
+  }
+  __syncthreads();
+
+  // K K^T and Q K^T: warp tiles of rows r0 .. r0 + 15 and key columns j0 .. j0 + 31; tiles wholly
+  // above the diagonal are zero.
+  const std::int64_t pidx = wslot * a.Hv + h;
+  __nv_bfloat16* Pg = static_cast<__nv_bfloat16*>(a.P) + pidx * kC * kC;
+  const int lg = lane >> 2, lc = lane & 3;
+  {
+    const int r0 = 16 * (warp & 3), j0 = 32 * (warp >> 2);
+    float kk[4][4] = {}, qk[4][4] = {};
+    if (j0 <= r0 + 15) {
+      const int a_off = (r0 + (lane & 15)) * ldK + 8 * (lane >> 4);
+      const __nv_bfloat16* bK =
+          sK + (j0 + (lane & 7) + ((lane >> 4) << 3)) * ldK + 8 * ((lane >> 3) & 1);
+      for (int k0 = 0; k0 < Dk; k0 += 16) {
+        const uint4 ak = detail::ldmatrix_x4(sK + a_off + k0);
+        const uint4 aq = detail::ldmatrix_x4(sQ + a_off + k0);
+        const uint4 b01 = detail::ldmatrix_x4(bK + k0);
+        const uint4 b23 = detail::ldmatrix_x4(bK + 16 * ldK + k0);
+        detail::mma_bf16(kk[0], ak, b01.x, b01.y);
+        detail::mma_bf16(kk[1], ak, b01.z, b01.w);
+        detail::mma_bf16(kk[2], ak, b23.x, b23.y);
+        detail::mma_bf16(kk[3], ak, b23.z, b23.w);
+        detail::mma_bf16(qk[0], aq, b01.x, b01.y);
+        detail::mma_bf16(qk[1], aq, b01.z, b01.w);
+        detail::mma_bf16(qk[2], aq, b23.x, b23.y);
+        detail::mma_bf16(qk[3], aq, b23.z, b23.w);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      float pv[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+        const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
+        sA[r * kLdA + j] = j < r ? sBeta[r] * gam * sNk[r] * sNk[j] * kk[nt][e] : 0.f;
+        pv[e] = a.scale * gam * sNq[r] * sNk[j] * qk[nt][e];
+      }
+      const int r = r0 + lg, j = j0 + 8 * nt + 2 * lc;
+      store_pair(Pg + r * kC + j, pv[0], pv[1]);
+      store_pair(Pg + (r + 8) * kC + j, pv[2], pv[3]);
+    }
+  }
+  if (tid < kC) {  // Qs = diag(fq) q, Kd = diag(fk) k; 0 on rows past the chunk
+    const bool valid = tid < len;
+    a.fq[pidx * kC + tid] = valid ? a.scale * expf(sG[tid]) * sNq[tid] : 0.f;
+    a.fk[pidx * kC + tid] = valid ? expf(sG[kC - 1] - sG[tid]) * sNk[tid] : 0.f;
+    sFw[tid] = sBeta[tid] * expf(sG[tid]) * sNk[tid];
+  }
+  if (tid == 0) a.gn[pidx] = expf(sG[kC - 1]);
+  __syncthreads();
+  unit_lower_inverse(sA, sT);  // into the q rows' space; ends with a barrier
+
+  // The split factors T_w = Tinv diag(beta e^G nk), T_u = Tinv diag(beta) (bf16 hi + lo pairs).
+  for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
+    const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
+    const float t0v = sT[r * kLdA + j], t1v = sT[r * kLdA + j + 1];
+    std::uint32_t hi, lo;
+    detail::split_bf16(t0v * sFw[j], t1v * sFw[j + 1], hi, lo);
+    *reinterpret_cast<std::uint32_t*>(sTwHi + r * kLdT16 + j) = hi;
+    *reinterpret_cast<std::uint32_t*>(sTwLo + r * kLdT16 + j) = lo;
+    detail::split_bf16(t0v * sBeta[j], t1v * sBeta[j + 1], hi, lo);
+    *reinterpret_cast<std::uint32_t*>(sTuHi + r * kLdT16 + j) = hi;
+    *reinterpret_cast<std::uint32_t*>(sTuLo + r * kLdT16 + j) = lo;
+  }
+  cp_async_wait<0>();  // this thread's v copies
+  __syncthreads();
+  split_factor_rows(static_cast<__nv_bfloat16*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK);
+  split_factor_rows(static_cast<__nv_bfloat16*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
+}
+
+}  // namespace gdr::cuda::chunked
