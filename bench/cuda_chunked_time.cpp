@@ -5,13 +5,15 @@
 // median of --reps. One JSON object per line on stdout. (bench/cuda_chunked.py times gdr and FLA
 // side by side through torch; this program needs only the C++ build.)
 //   cuda_chunked_time [--reps N] [--crossover] [--only I] [--segments S] [--state-bv B]
-//                     [--state-buffers K] [--overlap O] [--prep P] [--backward [--window W]]
+//                     [--state-buffers K] [--overlap O] [--prep P] [--state-pass K]
+//                     [--backward [--window W]]
 // --only I times only the I-th shape of the list (0-based; e.g. one shape under nsys),
 // --segments S forces the state pass's segment split (DecodeOverrides::chunked_segments: S chunks
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
 // pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
 // state pass or overlapped with it, --prep 1|2 the general prep kernel or the bf16 one (where it
-// applies). --backward also times gdr::backward given the forward's saved
+// applies), --state-pass 1|2 the general state pass or the bf16 one with the state in registers
+// (where it applies). --backward also times gdr::backward given the forward's saved
 // chunk states (every gradient, from a random dO and dfinal_state) with the default pool's
 // high-water mark over it; --window W forces its chunk slots per window (the A/B of the
 // backward's windows, docs/cuda-chunked.md §Backward memory: e.g. --window 0 against
@@ -202,6 +204,9 @@ int main(int argc, char** argv) {
                  "output kernel: 1 after the state pass, 2 overlapped (0 the rule)");
   app.add_option("--prep", overrides.chunked_prep,
                  "prep kernel: 1 the general one, 2 the bf16 one where it applies (0 the rule)");
+  app.add_option("--state-pass", overrides.chunked_state_pass,
+                 "state pass: 1 the general one, 2 the bf16 one with the state in registers where "
+                 "it applies (0 the rule)");
   bool backward = false;
   app.add_flag("--backward", backward,
                "also time gdr::backward given the forward's saved chunk states (bwd_ms, and the "
@@ -241,14 +246,14 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
         "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"segments\": %d, \"state_bv\": %d, "
-        "\"state_buffers\": %d, \"overlap\": %d, \"prep\": %d, "
+        "\"state_buffers\": %d, \"overlap\": %d, \"prep\": %d, \"state_pass\": %d, "
         "\"ms\": %.4f, %s"
         "\"ok\": %s}\n",
         prop.name, (long long)s.B, (long long)s.T, (long long)s.Hk, (long long)s.Hv,
         s.per_key ? "per_key" : "scalar", s.seqlens.empty() ? "false" : "true",
         overrides.chunked_segments, overrides.chunked_state_columns,
-        overrides.chunked_state_buffers, overrides.chunked_overlap, overrides.chunked_prep, t,
-        bwd_fields, ok ? "true" : "false");
+        overrides.chunked_state_buffers, overrides.chunked_overlap, overrides.chunked_prep,
+        overrides.chunked_state_pass, t, bwd_fields, ok ? "true" : "false");
     std::fflush(stdout);
   }
   if (crossover && only < 0) {

@@ -59,6 +59,10 @@ struct DecodeOverrides {
   int chunked_prep = 0;             // the chunked forward's prep kernel: 1 = the general one
                                     //   (fp32 staging, tf32 products), 2 = the bf16 one where it
                                     //   applies (the rule: row factors, 16-byte aligned rows)
+  int chunked_state_pass = 0;       // the chunked forward's unsplit state pass: 1 = the general
+                                    //   one (state in shared memory), 2 = the bf16 one with the
+                                    //   state in registers where it applies (the rule: row
+                                    //   factors, Dk = 128)
 };
 
 }  // namespace gdr

@@ -317,6 +317,35 @@ TEST(CudaChunkedForward, PrepKernels) {
     }
 }
 
+// The two unsplit state passes of the row-factor path at Dk = 128: the general one (state in
+// shared memory; DecodeOverrides::chunked_state_pass = 1) and the bf16 one with the state in
+// registers (state_pass_bf16_kernel.cuh, the rule), at 16 and 32 value columns per block, the
+// output kernel after the pass or overlapped with it, both layouts, varlen with empty and 1-token
+// sequences, and the saved chunk states in fp32 and bf16 against the CPU path's.
+TEST(CudaChunkedForward, StatePassKernels) {
+  REQUIRE_GPU();
+  for (int pass : {1, 2})
+    for (int bv : {16, 32})
+      for (int overlap : {1, 2}) {
+        const bool varlen = bv == 16;
+        Case c = base_case(varlen ? 1 : 2, varlen ? 0 : 64 * 5 + 3, 2, 4, 128);
+        c.Dv = overlap == 1 ? 64 : 128;
+        c.gate = GateKind::scalar;
+        c.h0 = c.final_state = true;
+        c.layout = overlap == 1 ? StateLayout::v_first : StateLayout::k_first;
+        c.decay = overlap == 1 ? Decay::strong : Decay::mild;
+        if (varlen) c.seqlens = {130, 0, 1, 64, 300};
+        DecodeOverrides o;
+        o.chunked_state_pass = pass;
+        o.chunked_state_columns = bv;
+        o.chunked_overlap = overlap;
+        const std::string family = "state pass " + std::to_string(pass);
+        check_chunked(family, c, true, -1, o);
+        check_chunked(family + " (bf16 saved)", c, true, -1, o, true);
+        check_chunked(family + " (own states)", c, false, -1, o);
+      }
+}
+
 // Exact segment split of the state pass (src/core/heuristics.h cuda_chunked_segment_chunks;
 // forced here through DecodeOverrides::chunked_segments: -1 off, n > 0 chunks per segment): a
 // long single sequence, varlen with one long sequence among short, empty and 1-token ones, and

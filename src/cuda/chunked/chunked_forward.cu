@@ -18,6 +18,7 @@
 #include "core/heuristics.h"
 #include "cuda/chunked/chunked_host.cuh"
 #include "cuda/chunked/prep_bf16_kernel.cuh"
+#include "cuda/chunked/state_pass_bf16_kernel.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/scratch.h"
 #include "cuda/paths.h"
@@ -54,6 +55,18 @@ void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const ch
   launch_kernel(kernel, static_cast<unsigned>(blocks), kThreads, smem, stream,
                 a.progress != nullptr, a);
   check(cudaGetLastError(), op, "chunk_output_kernel launch");
+}
+
+// The unsplit bf16 state pass (state_pass_bf16_kernel.cuh): grid (N, Hv, Dv / BV).
+template <int BV>
+void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::state_pass_bf16_kernel<BV>;
+  constexpr std::size_t smem = chunked::state_bf16_smem_bytes<BV>();
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
+  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(a.Dv / BV)),
+           chunked::kStateBf16Threads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "state_pass_bf16_kernel launch");
 }
 
 // Prep, state pass and output kernels with scratch elements St.
@@ -113,7 +126,18 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       check(cudaMemsetAsync(a.progress, 0, sizeof(int) * prob.N * prob.Hv * (prob.Dv / bv), stream),
             op, "cudaMemsetAsync(progress)");
     }
-    if (bv == 16)
+    // The bf16 state pass with the state in registers (state_pass_bf16_kernel.cuh) where it
+    // applies: the row-factor path at Dk = 128.
+    bool state_bf16 = false;
+    if constexpr (sizeof(St) == 2)
+      state_bf16 = a.row_factors && a.Dk == chunked::kStateBf16Dk &&
+                   forced.chunked_state_pass != 1 &&
+                   chunked::state_bf16_smem_bytes<32>() <= static_cast<std::size_t>(smem_optin);
+    if (state_bf16 && bv == 16)
+      launch_state_bf16<16>(a, dev, stream, op);
+    else if (state_bf16)
+      launch_state_bf16<32>(a, dev, stream, op);
+    else if (bv == 16)
       chunked::launch_state_kernel<16, St>(a, nbuf, 0, dev, stream, op);
     else
       chunked::launch_state_kernel<32, St>(a, nbuf, 0, dev, stream, op);

@@ -1,0 +1,221 @@
+// state_pass_bf16_kernel<BV>: the sequential state pass of the row-factor path (bf16 scratch,
+// scalar gate, bf16 inputs without a mask, Dk = 128, unsplit), with the state in registers.
+// chunked_forward.cu takes it there unless DecodeOverrides::chunked_state_pass = 1; it writes
+// what state_pass_kernel<BV, bf16> mode 0 writes (chunked_kernels.cuh): the chunk states, Vnew in
+// U's place, the final state, the overlap's progress counters. Per chunk c of the sequence, for
+// the state slice S [Dk, BV] (fp32) of value columns col0 .. col0 + BV - 1:
+//   publish  S -> bf16 hi + lo in shared memory (|S - hi - lo| <= 2^-18 |S|), S -> chunk-state row;
+//   Vnew   = U - W S             [C, BV]: W exact bf16, S as hi + lo (two m16n8k16 products);
+//            -> U's place (bf16, for the output kernel), and diag(fk) Vnew -> bf16 hi + lo;
+//   S      <- gn S + k^T (diag(fk) Vnew): k the raw bf16 rows (Kd = diag(fk) k, the row factors).
+// Warp w owns the state rows 16 w .. 16 w + 15 as mma accumulators (S never leaves the registers
+// but as its published hi / lo parts); in Vnew = U - W S warp w computes the 16 x 16 tile (w % 4,
+// w / 4) (BV = 32; at BV = 16 warps 0-3). Operand fragments by ldmatrix (.trans where k runs along
+// the stored rows: S, Vnew, and k^T). Two barriers per chunk; the next chunk's W, U, k rows and fk
+// are copied (cp.async) into the other buffer while the current one computes. Precision as the
+// general kernel's bf16 path: no rounding beyond the stored W, U and the raw k rows.
+// Shared memory (bytes, BV = 32): W, k [2][C][Dk + 8] bf16 (69.6 KB), U [2][C][BV + 8] bf16,
+// S hi / lo [Dk][BV + 8] bf16, Vnew hi / lo [C][BV + 8] bf16, fk [2][C] fp32: ~109 KB.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/chunked/chunked_common.cuh"
+
+namespace gdr::cuda::chunked {
+
+inline constexpr int kStateBf16Threads = 256;
+inline constexpr int kStateBf16Dk = 128;
+
+template <int BV>
+constexpr std::size_t state_bf16_smem_bytes() {
+  constexpr std::size_t ldW = kStateBf16Dk + 8, ldB = BV + 8;
+  return 2 * (2 * 2 * kC * ldW + 2 * kC * ldB + 2 * kStateBf16Dk * ldB + 2 * kC * ldB) + 4 * 2 * kC;
+}
+
+template <int BV>
+__global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(ChunkArgs a) {
+  static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
+  constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8;
+  extern __shared__ float4 smem4[];
+  __nv_bfloat16* sW = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][C][ldW]
+  __nv_bfloat16* sK = sW + 2 * kC * ldW;                        // [2][C][ldW] raw k rows
+  __nv_bfloat16* sU = sK + 2 * kC * ldW;                        // [2][C][ldB]
+  __nv_bfloat16* sShi = sU + 2 * kC * ldB;                      // [Dk][ldB]
+  __nv_bfloat16* sSlo = sShi + Dk * ldB;
+  __nv_bfloat16* sVhi = sSlo + Dk * ldB;  // [C][ldB]: diag(fk) Vnew
+  __nv_bfloat16* sVlo = sVhi + kC * ldB;
+  float* sfk = reinterpret_cast<float*>(sVlo + kC * ldB);  // [2][C]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int lg = lane >> 2, lc = lane & 3;
+  const int h = blockIdx.y, hk = h / a.group;
+  const int col0 = blockIdx.z * BV;
+  const std::int64_t n = blockIdx.x;
+  const int Dv = a.Dv;
+  const SeqInfo seq = seq_info(a, n);
+  const std::int64_t chunks = seq.chunks;
+  int* progress = nullptr;
+  if (a.progress) {  // the output kernel may launch once every block of this grid has started
+    launch_dependents();
+    progress = a.progress + (n * a.Hv + h) * (Dv / BV) + blockIdx.z;
+  }
+  const __nv_bfloat16* gW = static_cast<const __nv_bfloat16*>(a.W);
+  __nv_bfloat16* gU = static_cast<__nv_bfloat16*>(a.U);
+  auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
+  auto issue = [&](std::int64_t c) {
+    const int b = static_cast<int>(c & 1);
+    copy_rows(sW + b * kC * ldW, ldW, gW + item(c) * kC * Dk, Dk, kC, Dk);
+    copy_rows(sU + b * kC * ldB, ldB, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
+    copy_rows(sfk + b * kC, kC, a.fk + item(c) * kC, kC, 1, kC);
+    const std::int64_t rem = seq.len - c * kC;
+    copy_token_rows(sK + b * kC * ldW, ldW, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC,
+                    hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
+  };
+
+  // S: this warp's rows i0 .. i0 + 15; S[nt][e] at row i0 + lg + 8 (e >> 1), column
+  // 8 nt + 2 lc + (e & 1) of the slice.
+  const int i0 = 16 * warp;
+  float S[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = i0 + lg + 8 * (e >> 1), j = col0 + 8 * nt + 2 * lc + (e & 1);
+      float s = 0.f;
+      if (a.h0) {
+        const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
+        s = a.v_first ? a.h0[base + j * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + j];
+      }
+      S[nt][e] = s;
+    }
+  float gn_next = 0.f;
+  if (chunks > 0) {
+    issue(0);
+    gn_next = a.gn[item(0)];
+  }
+  detail::cp_async_commit();
+
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const int b = static_cast<int>(c & 1);
+    const std::int64_t slot = seq.slot0 + c;
+    const float gn = gn_next;
+    // Publish S (hi + lo) for W S; the fp32 chunk-state row straight from the registers.
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = i0 + lg + 8 * hf, j = 8 * nt + 2 * lc;
+        std::uint32_t hi, lo;
+        detail::split_bf16(S[nt][2 * hf], S[nt][2 * hf + 1], hi, lo);
+        *reinterpret_cast<std::uint32_t*>(sShi + i * ldB + j) = hi;
+        *reinterpret_cast<std::uint32_t*>(sSlo + i * ldB + j) = lo;
+        if (a.saved) {
+          float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * Dv + col0;
+          rec[j] = S[nt][2 * hf];
+          rec[j + 1] = S[nt][2 * hf + 1];
+        }
+      }
+    cp_async_wait<0>();  // chunk c's W, U, k rows, fk (this thread's copies)
+    __syncthreads();
+    // Chunk c - 1's Vnew and state row were written by every thread before the barrier.
+    if (progress && c > 0 && tid == 0) store_release(progress, static_cast<int>(c));
+    if (c + 1 < chunks) {
+      issue(c + 1);
+      gn_next = a.gn[item(c + 1)];
+    }
+    detail::cp_async_commit();
+    if (a.states16) {  // the bf16 chunk-state row: S's hi part is bf16_rn(S)
+      __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1 + col0;
+      for (int e = tid; e < Dk * (BV / 8); e += kStateBf16Threads) {
+        const int i = e / (BV / 8), v = e - i * (BV / 8);
+        *reinterpret_cast<uint4*>(rec + std::int64_t(i) * Dv + 8 * v) =
+            *reinterpret_cast<const uint4*>(sShi + i * ldB + 8 * v);
+      }
+    }
+    // Vnew = U - W S: the 16 x 16 tile (r0, j0) per warp.
+    if (warp < 4 * (BV / 16)) {
+      const int r0 = 16 * (warp & 3), j0 = 16 * (warp >> 2);
+      const __nv_bfloat16* cW = sW + b * kC * ldW + (r0 + (lane & 15)) * ldW + 8 * (lane >> 4);
+      const int b_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ldB + j0 + 8 * (lane >> 4);
+      float hi[2][4] = {}, lo[2][4] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < Dk; k0 += 16) {
+        const uint4 w = detail::ldmatrix_x4(cW + k0);
+        const uint4 bh = detail::ldmatrix_x4_trans(sShi + b_off + k0 * ldB);
+        const uint4 bl = detail::ldmatrix_x4_trans(sSlo + b_off + k0 * ldB);
+        detail::mma_bf16(hi[0], w, bh.x, bh.y);
+        detail::mma_bf16(hi[1], w, bh.z, bh.w);
+        detail::mma_bf16(lo[0], w, bl.x, bl.y);
+        detail::mma_bf16(lo[1], w, bl.z, bl.w);
+      }
+      const __nv_bfloat16* cU = sU + b * kC * ldB;
+      const float* cfk = sfk + b * kC;
+      __nv_bfloat16* Ug = gU + item(c) * kC * Dv + col0;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
+          const float2 u =
+              __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(cU + r * ldB + j));
+          const float v0 = u.x - (hi[nt][2 * hf] + lo[nt][2 * hf]);
+          const float v1 = u.y - (hi[nt][2 * hf + 1] + lo[nt][2 * hf + 1]);
+          store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
+          const float f = cfk[r];
+          std::uint32_t vh, vl;
+          detail::split_bf16(f * v0, f * v1, vh, vl);
+          *reinterpret_cast<std::uint32_t*>(sVhi + r * ldB + j) = vh;
+          *reinterpret_cast<std::uint32_t*>(sVlo + r * ldB + j) = vl;
+        }
+    }
+    __syncthreads();
+    // S <- gn S + k^T (diag(fk) Vnew) on this warp's rows.
+    {
+      float lo[NT][4] = {};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] *= gn;
+      const __nv_bfloat16* cK =
+          sK + b * kC * ldW + ((lane & 7) + 8 * (lane >> 4)) * ldW + i0 + 8 * ((lane >> 3) & 1);
+      const int b_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ldB + 8 * (lane >> 4);
+#pragma unroll
+      for (int k0 = 0; k0 < kC; k0 += 16) {
+        const uint4 kt = detail::ldmatrix_x4_trans(cK + k0 * ldW);
+#pragma unroll
+        for (int p = 0; p < NT / 2; ++p) {
+          const uint4 bh = detail::ldmatrix_x4_trans(sVhi + b_off + k0 * ldB + 16 * p);
+          const uint4 bl = detail::ldmatrix_x4_trans(sVlo + b_off + k0 * ldB + 16 * p);
+          detail::mma_bf16(S[2 * p], kt, bh.x, bh.y);
+          detail::mma_bf16(S[2 * p + 1], kt, bh.z, bh.w);
+          detail::mma_bf16(lo[2 * p], kt, bl.x, bl.y);
+          detail::mma_bf16(lo[2 * p + 1], kt, bl.z, bl.w);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] += lo[nt][e];
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  if (progress && tid == 0 && chunks > 0) store_release(progress, static_cast<int>(chunks));
+  if (a.hout) {
+    const std::int64_t base = n * a.hout_s0 + h * a.hout_s1;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i0 + lg + 8 * (e >> 1), j = col0 + 8 * nt + 2 * lc + (e & 1);
+        if (a.v_first)
+          a.hout[base + j * a.hout_s2 + i] = S[nt][e];
+        else
+          a.hout[base + i * a.hout_s2 + j] = S[nt][e];
+      }
+  }
+}
+
+}  // namespace gdr::cuda::chunked
