@@ -888,6 +888,55 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   cp_async_wait<0>();
   __syncthreads();
   constexpr int vtiles = 4 * (BV / 16);
+  if constexpr (S16) {
+    if (rows) {  // bf16 states and q rows: fragments by ldmatrix, P V over the causal k steps
+      static_assert(BV % 32 == 0, "tiles of 16 x 32");
+      const __nv_bfloat16* q16 = reinterpret_cast<const __nv_bfloat16*>(sQ);
+      const __nv_bfloat16* p16 = reinterpret_cast<const __nv_bfloat16*>(sP);
+      const __nv_bfloat16* v16 = reinterpret_cast<const __nv_bfloat16*>(sV);
+      const int a_row = lane & 15, a_col = 8 * (lane >> 4);
+      const int b_row = (lane & 7) + 8 * ((lane >> 3) & 1), b_col = 8 * (lane >> 4);
+      for (int t = warp; t < 4 * (BV / 32); t += kThreads / 32) {
+        // Row blocks 3 - i for the second half of the tiles (P V's k steps balanced over warps).
+        const int rb = ((t >> 3) & 1) ? 3 - (t & 3) : (t & 3), r0 = 16 * rb, j0 = 32 * (t >> 2);
+        float acc[4][4] = {}, pv[4][4] = {};
+        for (int k0 = 0; k0 < Dk; k0 += 16) {
+          const uint4 qa = detail::ldmatrix_x4(q16 + (r0 + a_row) * ldX + a_col + k0);
+          const uint4 b01 = detail::ldmatrix_x4_trans(sS16 + (k0 + b_row) * ldS + j0 + b_col);
+          const uint4 b23 = detail::ldmatrix_x4_trans(sS16 + (k0 + b_row) * ldS + j0 + 16 + b_col);
+          detail::mma_bf16(acc[0], qa, b01.x, b01.y);
+          detail::mma_bf16(acc[1], qa, b01.z, b01.w);
+          detail::mma_bf16(acc[2], qa, b23.x, b23.y);
+          detail::mma_bf16(acc[3], qa, b23.z, b23.w);
+        }
+        for (int kb = 0; kb <= rb; ++kb) {
+          const int k0 = 16 * kb;
+          const uint4 pa = detail::ldmatrix_x4(p16 + (r0 + a_row) * ldP + a_col + k0);
+          const uint4 b01 = detail::ldmatrix_x4_trans(v16 + (k0 + b_row) * ldV + j0 + b_col);
+          const uint4 b23 = detail::ldmatrix_x4_trans(v16 + (k0 + b_row) * ldV + j0 + 16 + b_col);
+          detail::mma_bf16(pv[0], pa, b01.x, b01.y);
+          detail::mma_bf16(pv[1], pa, b01.z, b01.w);
+          detail::mma_bf16(pv[2], pa, b23.x, b23.y);
+          detail::mma_bf16(pv[3], pa, b23.z, b23.w);
+        }
+        __nv_bfloat16* o16 = static_cast<__nv_bfloat16*>(a.o);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = r0 + lg + 8 * hf;
+          if (r >= len) continue;
+          const float f = sfq[r];
+          __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col0;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const int j = j0 + 8 * nt + 2 * lc;
+            orow[j] = __float2bfloat16_rn(f * acc[nt][2 * hf] + pv[nt][2 * hf]);
+            orow[j + 1] = __float2bfloat16_rn(f * acc[nt][2 * hf + 1] + pv[nt][2 * hf + 1]);
+          }
+        }
+      }
+      return;
+    }
+  }
   for (int t = warp; t < vtiles; t += kThreads / 32) {
     const int r0 = 16 * (t & 3), j0 = 16 * (t >> 2);
     float acc[2][4] = {};
