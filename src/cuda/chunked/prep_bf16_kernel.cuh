@@ -166,10 +166,16 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   cp_async_wait<1>();  // this thread's q, k copies
   __syncthreads();
   if (tid == 0) {  // G in token order, as the CPU paths (the roundings cancel in G_r - G_j)
+    float4* g4 = reinterpret_cast<float4*>(sG);
     float s = 0.f;
-    for (int r = 0; r < kC; ++r) {
-      s += sG[r];
-      sG[r] = s;
+#pragma unroll
+    for (int r = 0; r < kC / 4; ++r) {  // 16-byte loads in flight, the sums in registers
+      float4 x = g4[r];
+      x.x = s += x.x;
+      x.y = s += x.y;
+      x.z = s += x.z;
+      x.w = s += x.w;
+      g4[r] = x;
     }
   }
   if (a.qk_l2norm) {  // 1 / |q_r|, 1 / |k_r| (a warp per row, bf16 pairs)
