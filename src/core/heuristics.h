@@ -49,16 +49,16 @@ inline Path cpu_backward_path(const Problem& prob) {
 //   - there are few value-head rows (N Hv <= kCudaChunkedMaxRows: the recurrent kernel fills the
 //     chip with many rows, while the chunked state pass walks each row's chunks in sequence);
 // the recurrent kernel otherwise.
-// Measured 2026-12-05 on an H100 (bf16, Hk/Hv = 16/32, Dk = Dv = 128, commit 6ca70a5,
-// bench/cuda_chunked_time --crossover, bench/results/2026-12-05-chunk-fwd-h100-6ca70a5.json
-// `gdr_alone`), chunked vs recurrent ms: B = 1: T = 128 0.103 vs 0.067, T = 256 0.112 vs 0.125,
-// T = 1024 0.252 vs 0.473, T = 4096 0.805 vs 2.108; B = 8 (256 rows): T = 128 0.278 vs 0.168,
-// T = 1024 1.58 vs 1.24, T = 4096 5.94 vs 4.99; B = 32, T = 256: 1.65 vs 1.19. (09ccf00, before
-// the prep and backward speed pass, gave the same bounds.) So: more than 256 tokens per sequence
-// (the tie is near 256) and at most 32 rows (B = 1 at Hv = 32, the largest row count measured
-// where chunked wins). Both bounds move as the chunked kernels get faster.
+// Measured 2026-12-06 on an H100 (bf16, Hk/Hv = 16/32, Dk = Dv = 128, commit f53d6ea: the bf16
+// prep, state pass and output kernels; bench/cuda_chunked_time --crossover,
+// bench/results/2026-12-06-chunk-fwd-h100-f53d6ea.json `gdr_alone`), chunked vs recurrent ms:
+// B = 1: T = 128 0.084 vs 0.066, T = 256 0.089 vs 0.124, T = 1024 0.188 vs 0.473, T = 4096 0.573
+// vs 2.13; B = 8 (256 rows): T = 128 0.208 vs 0.168, T = 1024 1.14 vs 1.24, T = 4096 4.35 vs
+// 4.92; B = 32, T = 256: 1.20 vs 1.22 (a tie). So: more than 256 tokens per sequence, and at most
+// 256 rows, the largest row count measured where chunked wins (the bound was 32 rows before these
+// kernels: 2026-12-05, commit 6ca70a5, B = 8 T = 4096 5.94 vs 4.99).
 inline constexpr std::int64_t kCudaRecurrentMaxTokens = 256;
-inline constexpr std::int64_t kCudaChunkedMaxRows = 32;
+inline constexpr std::int64_t kCudaChunkedMaxRows = 256;
 
 inline Path cuda_forward_path(const Problem& prob) {
   const bool longer_than_a_chunk = tokens_per_sequence(prob) > kCudaRecurrentMaxTokens;
