@@ -344,6 +344,21 @@ __device__ __forceinline__ void copy_token_rows(__nv_bfloat16* dst, int ld, cons
   }
 }
 
+// A surplus chunk slot (varlen: past the last sequence's chunks) zeroes its chunk-state row
+// (slot, h) in the record the forward writes: fp32 `saved` or bf16 `states16` (neither: the
+// backward reading the caller's records). Called by every thread of the block.
+__device__ __forceinline__ void zero_surplus_state_row(const ChunkArgs& a, std::int64_t slot,
+                                                       int h) {
+  const std::int64_t elems = std::int64_t(a.Dk) * a.Dv;
+  if (a.saved) {
+    float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
+    for (std::int64_t i = threadIdx.x; i < elems; i += blockDim.x) rec[i] = 0.f;
+  } else if (a.states16) {
+    __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1;
+    for (std::int64_t i = threadIdx.x; i < elems; i += blockDim.x) rec[i] = __float2bfloat16(0.f);
+  }
+}
+
 // Scratch elements: St is float (fp32 inputs) or __nv_bfloat16 (16-bit inputs).
 template <class St>
 inline constexpr bool kX3 = sizeof(St) == 4;  // fp32 scratch: the 3xTF32 products

@@ -129,14 +129,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   // (sequence, chunk) of this slot; surplus slots (varlen) zero their chunk-state rows.
   std::int64_t n = 0;
   if (!slot_sequence(a, slot, n)) {
-    if (a.saved) {  // null: the backward reading the caller's records, or bf16 states
-      float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
-      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads) rec[i] = 0.f;
-    } else if (a.states16) {  // bf16 states (the caller's record, or scratch)
-      __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1;
-      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kThreads)
-        rec[i] = __float2bfloat16(0.f);
-    }
+    zero_surplus_state_row(a, slot, h);
     return;
   }
   const SeqInfo seq = seq_info(a, n);

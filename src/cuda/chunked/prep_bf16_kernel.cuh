@@ -126,15 +126,8 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   const int h = blockIdx.y;
   const int hk = h / a.group;
   std::int64_t n = 0;
-  if (!slot_sequence(a, slot, n)) {  // surplus slot (varlen): zero its chunk-state row
-    if (a.saved) {
-      float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1;
-      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kPrepBf16Threads) rec[i] = 0.f;
-    } else if (a.states16) {
-      __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1;
-      for (std::int64_t i = tid; i < std::int64_t(Dk) * Dv; i += kPrepBf16Threads)
-        rec[i] = __float2bfloat16(0.f);
-    }
+  if (!slot_sequence(a, slot, n)) {
+    zero_surplus_state_row(a, slot, h);
     return;
   }
   const SeqInfo seq = seq_info(a, n);
