@@ -257,9 +257,18 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   if (crossover && only < 0) {
-    for (auto [B, T] : std::vector<std::pair<int, int>>{
-             {1, 128}, {1, 256}, {1, 1024}, {1, 4096}, {8, 128}, {8, 256}, {8, 1024}, {8, 4096},
-          {32, 256}, {32, 512}, {32, 1024}, {64, 1024}})
+    for (auto [B, T] : std::vector<std::pair<int, int>>{{1, 128},
+                                                        {1, 256},
+                                                        {1, 1024},
+                                                        {1, 4096},
+                                                        {8, 128},
+                                                        {8, 256},
+                                                        {8, 1024},
+                                                        {8, 4096},
+                                                        {32, 256},
+                                                        {32, 512},
+                                                        {32, 1024},
+                                                        {64, 1024}})
       for (gdr::Path path : {gdr::Path::sequential, gdr::Path::chunkwise}) {
         bool ok;
         const double t = time_forward({B, T, 16, 32, false, {}}, path, reps, overrides, &ok);

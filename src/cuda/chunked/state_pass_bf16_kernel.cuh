@@ -34,14 +34,12 @@ constexpr std::size_t state_bf16_smem_bytes() {
   return 2 * (2 * 2 * kC * ldW + 2 * kC * ldB + 2 * kStateBf16Dk * ldB + 2 * kC * ldB) + 4 * 2 * kC;
 }
 
-// At most 168 registers per thread: a block (256 threads) then leaves room on its SM for a block
-// of the output kernel (58 registers), which with the overlap runs beside the pass (unbounded,
-// ptxas took 195 and the output kernel found only the SMs without a pass block; profile of
-// 2026-12-06, H100).
-inline constexpr int kStateBf16MaxRegs = 168;
-
+// Not capped below the registers ptxas picks (195 at BV = 32): capped at 168 so that an
+// output-kernel block fits beside it (the overlap), the forward got slower, 1 x 16384 2.21 ->
+// 2.59 ms, 8 x 4096 4.35 -> 4.87, 1 x 65536 9.40 -> 10.55 (H100, 2026-12-06, one machine): the
+// co-resident output blocks slow the pass, which is the critical path at B = 1.
 template <int BV>
-__global__ void __maxnreg__(kStateBf16MaxRegs) state_pass_bf16_kernel(ChunkArgs a) {
+__global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(ChunkArgs a) {
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
   constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8;
   extern __shared__ float4 smem4[];
@@ -146,7 +144,7 @@ __global__ void __maxnreg__(kStateBf16MaxRegs) state_pass_bf16_kernel(ChunkArgs 
       const __nv_bfloat16* cW = sW + b * kC * ldW + (r0 + (lane & 15)) * ldW + 8 * (lane >> 4);
       const int b_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ldB + j0 + 8 * (lane >> 4);
       float hi[2][4] = {}, lo[2][4] = {};
-#pragma unroll 4
+#pragma unroll
       for (int k0 = 0; k0 < Dk; k0 += 16) {
         const uint4 w = detail::ldmatrix_x4(cW + k0);
         const uint4 bh = detail::ldmatrix_x4_trans(sShi + b_off + k0 * ldB);
