@@ -111,8 +111,7 @@ __device__ __forceinline__ bool slot_chunk(const ChunkArgs& a, std::int64_t slot
   seq = seq_info(a, n);
   const std::int64_t c = slot - seq.slot0;
   t0 = seq.bos + c * kC;
-  const std::int64_t rem = seq.len - c * kC;
-  len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+  len = chunk_rows(seq, c);
   return len > 0;
 }
 

@@ -191,6 +191,12 @@ struct SeqInfo {
   std::int64_t b, bos, len, slot0, chunks;
 };
 
+// Rows of chunk c of the sequence: min(C, len - c C), 0 past its end.
+__device__ __forceinline__ int chunk_rows(const SeqInfo& s, std::int64_t c) {
+  const std::int64_t rem = s.len - c * kC;
+  return rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+}
+
 // cu_seqlens values are read on the device only, clamped (common/sequences.cuh).
 __device__ __forceinline__ void seq_bounds(const ChunkArgs& a, std::int64_t n, std::int64_t& bos,
                                            std::int64_t& eos) {

@@ -135,8 +135,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   const SeqInfo seq = seq_info(a, n);
   const std::int64_t c = slot - seq.slot0;
   const std::int64_t t0 = seq.bos + c * kC;
-  const std::int64_t rem = seq.len - c * kC;
-  const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+  const int len = chunk_rows(seq, c);
   if (a.v_prefetch) {  // v rows in flight from the start (rows past the chunk zero-filled)
     copy_token_rows(reinterpret_cast<__nv_bfloat16*>(sVraw), ldVr, a.v, a.v_sb, a.v_st, a.v_sh,
                     seq.b, t0, h, len, Dv);
@@ -849,8 +848,7 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
   const SeqInfo seq = seq_info(a, n);
   const std::int64_t c = slot - seq.slot0;
   const std::int64_t t0 = seq.bos + c * kC;
-  const std::int64_t rem = seq.len - c * kC;
-  const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+  const int len = chunk_rows(seq, c);
   if (len == 0 || c >= seq.chunks) return;
   if (a.progress) {  // chunk c done by the state-pass blocks of these columns
     if (threadIdx.x == 0) {
@@ -897,20 +895,14 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
           const uint4 qa = detail::ldmatrix_x4(q16 + (r0 + a_row) * ldX + a_col + k0);
           const uint4 b01 = detail::ldmatrix_x4_trans(sS16 + (k0 + b_row) * ldS + j0 + b_col);
           const uint4 b23 = detail::ldmatrix_x4_trans(sS16 + (k0 + b_row) * ldS + j0 + 16 + b_col);
-          detail::mma_bf16(acc[0], qa, b01.x, b01.y);
-          detail::mma_bf16(acc[1], qa, b01.z, b01.w);
-          detail::mma_bf16(acc[2], qa, b23.x, b23.y);
-          detail::mma_bf16(acc[3], qa, b23.z, b23.w);
+          detail::mma_bf16_n32(acc, qa, b01, b23);
         }
         for (int kb = 0; kb <= rb; ++kb) {
           const int k0 = 16 * kb;
           const uint4 pa = detail::ldmatrix_x4(p16 + (r0 + a_row) * ldP + a_col + k0);
           const uint4 b01 = detail::ldmatrix_x4_trans(v16 + (k0 + b_row) * ldV + j0 + b_col);
           const uint4 b23 = detail::ldmatrix_x4_trans(v16 + (k0 + b_row) * ldV + j0 + 16 + b_col);
-          detail::mma_bf16(pv[0], pa, b01.x, b01.y);
-          detail::mma_bf16(pv[1], pa, b01.z, b01.w);
-          detail::mma_bf16(pv[2], pa, b23.x, b23.y);
-          detail::mma_bf16(pv[3], pa, b23.z, b23.w);
+          detail::mma_bf16_n32(pv, pa, b01, b23);
         }
         __nv_bfloat16* o16 = static_cast<__nv_bfloat16*>(a.o);
 #pragma unroll

@@ -64,14 +64,8 @@ __device__ __forceinline__ void split_factor_product(float (&acc)[4][4], const _
     const uint4 al = detail::ldmatrix_x4(lo + a_off + 16 * kb);
     const uint4 b01 = detail::ldmatrix_x4_trans(bX + 16 * kb * ldX);
     const uint4 b23 = detail::ldmatrix_x4_trans(bX + 16 * kb * ldX + 16);
-    detail::mma_bf16(acc[0], ah, b01.x, b01.y);
-    detail::mma_bf16(acc[1], ah, b01.z, b01.w);
-    detail::mma_bf16(acc[2], ah, b23.x, b23.y);
-    detail::mma_bf16(acc[3], ah, b23.z, b23.w);
-    detail::mma_bf16(acc[0], al, b01.x, b01.y);
-    detail::mma_bf16(acc[1], al, b01.z, b01.w);
-    detail::mma_bf16(acc[2], al, b23.x, b23.y);
-    detail::mma_bf16(acc[3], al, b23.z, b23.w);
+    detail::mma_bf16_n32(acc, ah, b01, b23);
+    detail::mma_bf16_n32(acc, al, b01, b23);
   }
 }
 
@@ -133,8 +127,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   const SeqInfo seq = seq_info(a, n);
   const std::int64_t c = slot - seq.slot0;
   const std::int64_t t0 = seq.bos + c * kC;
-  const std::int64_t rem = seq.len - c * kC;
-  const int len = rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
+  const int len = chunk_rows(seq, c);
 
   copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
   copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
@@ -209,14 +202,8 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
         const uint4 aq = detail::ldmatrix_x4(sQ + a_off + k0);
         const uint4 b01 = detail::ldmatrix_x4(bK + k0);
         const uint4 b23 = detail::ldmatrix_x4(bK + 16 * ldK + k0);
-        detail::mma_bf16(kk[0], ak, b01.x, b01.y);
-        detail::mma_bf16(kk[1], ak, b01.z, b01.w);
-        detail::mma_bf16(kk[2], ak, b23.x, b23.y);
-        detail::mma_bf16(kk[3], ak, b23.z, b23.w);
-        detail::mma_bf16(qk[0], aq, b01.x, b01.y);
-        detail::mma_bf16(qk[1], aq, b01.z, b01.w);
-        detail::mma_bf16(qk[2], aq, b23.x, b23.y);
-        detail::mma_bf16(qk[3], aq, b23.z, b23.w);
+        detail::mma_bf16_n32(kk, ak, b01, b23);
+        detail::mma_bf16_n32(qk, aq, b01, b23);
       }
     }
 #pragma unroll

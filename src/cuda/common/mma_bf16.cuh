@@ -61,4 +61,13 @@ __device__ __forceinline__ uint4 ldmatrix_x4_trans(const void* row) {
   return r;
 }
 
+// acc[0..3] += A B over 32 columns: `a` an A fragment (16 x 16), b01 and b23 the B fragments of
+// columns 0-15 and 16-31 as ldmatrix x4 returns them (x, y: the first 8 columns; z, w: the next 8).
+__device__ __forceinline__ void mma_bf16_n32(float (&acc)[4][4], uint4 a, uint4 b01, uint4 b23) {
+  mma_bf16(acc[0], a, b01.x, b01.y);
+  mma_bf16(acc[1], a, b01.z, b01.w);
+  mma_bf16(acc[2], a, b23.x, b23.y);
+  mma_bf16(acc[3], a, b23.z, b23.w);
+}
+
 }  // namespace gdr::cuda::detail
