@@ -57,6 +57,16 @@ void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const ch
   check(cudaGetLastError(), op, "chunk_output_kernel launch");
 }
 
+// The bf16 prep kernel (prep_bf16_kernel.cuh): grid (window slots, Hv).
+void launch_prep_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::chunk_prep_bf16_kernel;
+  const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv);
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
+  kernel<<<dim3(static_cast<unsigned>(chunked::window_slots(a)), static_cast<unsigned>(a.Hv)),
+           chunked::kPrepBf16Threads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "chunk_prep_bf16_kernel launch");
+}
+
 // The unsplit bf16 state pass (state_pass_bf16_kernel.cuh): grid (N, Hv, Dv / BV).
 template <int BV>
 void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
@@ -80,12 +90,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     prep_bf16 = a.row_factors && a.rows16 && forced.chunked_prep != 1 &&
                 chunked::prep_bf16_smem_bytes(a.Dk, a.Dv) <= static_cast<std::size_t>(smem_optin);
   if (a.slots > 0 && prep_bf16) {
-    const auto kernel = chunked::chunk_prep_bf16_kernel;
-    const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv);
-    allow_shared(reinterpret_cast<const void*>(kernel), smem, dev, op, true);
-    kernel<<<dim3(static_cast<unsigned>(chunked::window_slots(a)), static_cast<unsigned>(a.Hv)),
-             chunked::kPrepBf16Threads, smem, stream>>>(a);
-    check(cudaGetLastError(), op, "chunk_prep_bf16_kernel launch");
+    launch_prep_bf16(a, dev, stream, op);
   } else if (a.slots > 0) {
     if (a.per_key)
       chunked::launch_prep_kernel<true, St>(a, dev, stream, op);
