@@ -214,6 +214,9 @@ int main(int argc, char** argv) {
   app.add_option("--window", overrides.chunked_backward_window,
                  "backward: chunk slots per window of its scratch (0 the rule; a huge value: "
                  "one window)");
+  app.add_option("--bwd-fused", overrides.chunked_backward_fused,
+                 "backward: 1 the general bwd_dvb + bwd_key, 2 the fused bf16 kernel where it "
+                 "applies (0 the rule)");
   CLI11_PARSE(app, argc, argv);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "props");
@@ -241,8 +244,10 @@ int main(int argc, char** argv) {
     char bwd_fields[128] = "";
     if (backward)
       std::snprintf(bwd_fields, sizeof bwd_fields,
-                    "\"window\": %d, \"bwd_ms\": %.4f, \"bwd_pool_peak_bytes\": %.0f, ",
-                    overrides.chunked_backward_window, bt.ms, bt.pool_peak_bytes);
+                    "\"window\": %d, \"bwd_fused\": %d, \"bwd_ms\": %.4f, "
+                    "\"bwd_pool_peak_bytes\": %.0f, ",
+                    overrides.chunked_backward_window, overrides.chunked_backward_fused, bt.ms,
+                    bt.pool_peak_bytes);
     std::printf(
         "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
         "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"segments\": %d, \"state_bv\": %d, "

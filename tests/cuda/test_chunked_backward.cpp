@@ -234,6 +234,77 @@ TEST(CudaChunkedBackward, SavedFromForwardModes) {
     }
 }
 
+// The fused bf16 kernel for bwd_dvb + bwd_key (bwd_chunk_bf16_kernel.cuh: scalar gate, bf16, no
+// mask, Dk = Dv = 128) and the general kernels (DecodeOverrides::chunked_backward_fused = 1) on the
+// same calls, both within the bar of the float64 reference: lengths around the chunk, decay
+// regimes up to g = -30 everywhere, beta 0 and 1, varlen with empty and 1-token sequences, GQA,
+// the fused options, both layouts, h0 and dfinal_state; states recomputed, read from the forward's
+// fp32 saved record, and from its bf16 one by windows of 3 chunk slots.
+TEST(CudaChunkedBackward, FusedChunkKernel) {
+  REQUIRE_GPU();
+  std::vector<std::pair<std::string, TestData>> cases;
+  for (std::int64_t T : {1, 63, 64, 65, 200}) {
+    Case c = base_case(1, T, 1, 2, 128);
+    c.layout = T % 2 ? StateLayout::v_first : StateLayout::k_first;
+    c.h0 = T != 64;
+    c.final_state = T != 65;
+    cases.emplace_back("fused T=" + std::to_string(T), make_problem(c));
+  }
+  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
+    Case c = base_case(1, 190, 1, 2, 128);
+    c.decay = decay;
+    cases.emplace_back(std::string("fused decay ") + std::string(to_string(decay)),
+                       make_problem(c));
+  }
+  {
+    TestData d = make_problem(base_case(1, 130, 1, 2, 128));
+    d.g.fill(-30.0);
+    cases.emplace_back("fused g=-30", std::move(d));
+  }
+  for (double beta : {0.0, 1.0}) {
+    TestData d = make_problem(base_case(1, 150, 2, 4, 128));
+    d.beta.fill(beta);
+    cases.emplace_back("fused beta " + std::to_string(static_cast<int>(beta)), std::move(d));
+  }
+  {
+    Case c = base_case(1, 0, 2, 4, 128);
+    c.seqlens = {0, 1, 65, 0, 200, 64, 1, 3};
+    c.decay = Decay::strong;
+    cases.emplace_back("fused varlen", make_problem(c));
+  }
+  {
+    Case c = base_case(2, 130, 2, 8, 128);  // Hv / Hk = 4, every fused option
+    c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
+    c.gates_in_dtype = true;
+    c.layout = StateLayout::v_first;
+    cases.emplace_back("fused gqa options", make_problem(c));
+  }
+  for (auto& [family, d] : cases) {
+    const BackwardResult ref = reference_backward(d);
+    const double tol = backward_tolerance(d.c);
+    DeviceMirror m, m16;
+    const TensorView saved = forward_saved(d, m);
+    const TensorView saved16 = forward_saved(d, m16, nullptr, true);
+    for (int rule : {1, 2}) {
+      DecodeOverrides forced;
+      forced.chunked_backward_fused = rule;
+      const std::string label = family + (rule == 1 ? " general" : " fused");
+      const BackwardResult got = run_backward_cuda(d, nullptr, {}, Path::automatic, &forced);
+      note(label, got, ref);
+      expect_backward_close(got, ref, tol, label + " (recomputed): " + describe(d.c, d.seed));
+      const BackwardResult got_saved =
+          run_backward_cuda(d, nullptr, saved, Path::automatic, &forced);
+      note(label + " (saved)", got_saved, ref);
+      expect_backward_close(got_saved, ref, tol, label + " (saved): " + describe(d.c, d.seed));
+      forced.chunked_backward_window = 3;
+      const BackwardResult got16 = run_backward_cuda(d, nullptr, saved16, Path::automatic, &forced);
+      note(label + " (bf16 saved, windows)", got16, ref);
+      expect_backward_close(got16, ref, tol,
+                            label + " (bf16 saved, windows): " + describe(d.c, d.seed));
+    }
+  }
+}
+
 // Two runs of the same call give bit-identical gradients (no float atomics; fixed-order sums).
 TEST(CudaChunkedBackward, Deterministic) {
   REQUIRE_GPU();

@@ -29,6 +29,7 @@
 
 #include "core/heuristics.h"
 #include "cuda/chunked/backward_kernels.cuh"
+#include "cuda/chunked/bwd_chunk_bf16_kernel.cuh"
 #include "cuda/chunked/chunked_host.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/scratch.h"
@@ -61,8 +62,19 @@ void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const c
   check(cudaGetLastError(), op, "bwd_state_kernel launch");
 }
 
+// bwd_dvb + bwd_key fused into bwd_chunk_bf16_kernel (its header states where it applies).
+void launch_bwd_fused(const BwdArgs& b, dim3 grid, int device, cudaStream_t stream,
+                      const char* op) {
+  const auto kernel =
+      b.states16 ? chunked::bwd_chunk_bf16_kernel<true> : chunked::bwd_chunk_bf16_kernel<false>;
+  constexpr std::size_t smem = chunked::BwdFusedSmem::bytes;
+  prepare(kernel, smem, device, op);
+  kernel<<<grid, chunked::kBwdFusedThreads, smem, stream>>>(b);
+  check(cudaGetLastError(), op, "bwd_chunk_bf16_kernel launch");
+}
+
 template <bool X3>
-void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t stream,
+void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, int device, cudaStream_t stream,
                    const char* op) {
   const chunked::ChunkArgs& a = b.c;
   const std::int64_t slots = chunked::window_slots(a);  // this window's
@@ -80,21 +92,21 @@ void launch_chunks(const BwdArgs& b, bool with_saved, int device, cudaStream_t s
   else
     launch_bwd_state<32, X3>(b, device, stream, op);
   if (slots == 0) return;  // T = 0: dh0 = dfinal_state (or 0), nothing else to write
-  {
-    const auto kernel = chunked::bwd_dvb_kernel<X3>;
-    const std::size_t smem = chunked::bwd_dvb_smem_bytes(a.Dv);
-    prepare(kernel, smem, device, op);
-    kernel<<<grid, kThreads, smem, stream>>>(b);
+  if (fused) {
+    launch_bwd_fused(b, grid, device, stream, op);
+  } else {
+    const auto dvb = chunked::bwd_dvb_kernel<X3>;
+    const std::size_t dvb_smem = chunked::bwd_dvb_smem_bytes(a.Dv);
+    prepare(dvb, dvb_smem, device, op);
+    dvb<<<grid, kThreads, dvb_smem, stream>>>(b);
     check(cudaGetLastError(), op, "bwd_dvb_kernel launch");
-  }
-  {
-    const auto kernel = b.states16 ? (a.per_key ? chunked::bwd_key_kernel<true, X3, !X3>
-                                                : chunked::bwd_key_kernel<false, X3, !X3>)
-                                   : (a.per_key ? chunked::bwd_key_kernel<true, X3, false>
-                                                : chunked::bwd_key_kernel<false, X3, false>);
-    const std::size_t smem = chunked::bwd_key_smem_bytes(a.Dk, a.Dv, a.per_key);
-    prepare(kernel, smem, device, op);
-    kernel<<<grid, kThreads, smem, stream>>>(b);
+    const auto key = b.states16 ? (a.per_key ? chunked::bwd_key_kernel<true, X3, !X3>
+                                             : chunked::bwd_key_kernel<false, X3, !X3>)
+                                : (a.per_key ? chunked::bwd_key_kernel<true, X3, false>
+                                             : chunked::bwd_key_kernel<false, X3, false>);
+    const std::size_t key_smem = chunked::bwd_key_smem_bytes(a.Dk, a.Dv, a.per_key);
+    prepare(key, key_smem, device, op);
+    key<<<grid, kThreads, key_smem, stream>>>(b);
     check(cudaGetLastError(), op, "bwd_key_kernel launch");
   }
   if (b.dq || b.dk) {
@@ -164,15 +176,26 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   }
   const std::int64_t windows = a.slots > 0 ? (a.slots + wslots - 1) / wslots : 1;
 
+  // The fused bf16 kernel for bwd_dvb + bwd_key (bwd_chunk_bf16_kernel.cuh): it keeps dVb, dMq,
+  // dA and the row partials on chip, so their scratch is not allocated.
+  const int fused_rule =
+      config.decode_overrides ? config.decode_overrides->chunked_backward_fused : 0;
+  const bool fused = fused_rule != 1 && prob.dtype == DType::bf16 && !a.per_key &&
+                     !in.mask.defined() && prob.Dk == chunked::kBwdFusedD &&
+                     prob.Dv == chunked::kBwdFusedD && chunked::rows_16byte_aligned(p.dout) &&
+                     (own_states || (p.saved.stride[0] % 8 == 0 && p.saved.stride[1] % 8 == 0 &&
+                                     reinterpret_cast<std::uintptr_t>(p.saved.data) % 16 == 0));
+
   // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
   const std::int64_t items = wslots * prob.Hv, keys = wslots * prob.Hk;
   const std::int64_t all_items = a.slots * prob.Hv;
   const std::int64_t Dk = prob.Dk, Dv = prob.Dv, wg = a.per_key ? Dk : 1;
-  const std::int64_t per_item = kC * (3 * Dk + Dv + kC)           // W, Qs, Kd, U, P
-                                + 2 * kC * kC + kC * wg           // Tinv, KK, G
-                                + Dk * Dv + 2 * kC * Dv           // dS, dVn, dVb
-                                + 2 * kC * kC + 2 * kC * Dk + kC  // dMq, dA, yk, dbk, dbp
-                                + wg;                             // gn
+  const std::int64_t per_item = kC * (3 * Dk + Dv + kC)  // W, Qs, Kd, U, P
+                                + 2 * kC * kC + kC * wg  // Tinv, KK, G
+                                + Dk * Dv + kC * Dv      // dS, dVn
+                                + wg                     // gn
+                                + (fused ? 0 : kC * Dv + 2 * kC * kC + 2 * kC * Dk + kC);
+  // dVb, dMq, dA, yk, dbk, dbp (the general kernels)
   const std::int64_t carry = windows > 1 ? prob.N * prob.Hv * Dk * Dv : 0;
   const std::int64_t floats =
       items * per_item + keys * 2 * kC * Dk + (own_states ? all_items * Dk * Dv : 0) + carry;
@@ -192,12 +215,14 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   a.Kn_out = f, f += keys * kC * Dk;
   b.dS = f, f += items * Dk * Dv;
   b.dVn = f, f += items * kC * Dv;
-  b.dVb = f, f += items * kC * Dv;
-  b.dMq = f, f += items * kC * kC;
-  b.dA = f, f += items * kC * kC;
-  b.yk = f, f += items * kC * Dk;
-  b.dbk = f, f += items * kC * Dk;
-  b.dbp = f, f += items * kC;
+  if (!fused) {
+    b.dVb = f, f += items * kC * Dv;
+    b.dMq = f, f += items * kC * kC;
+    b.dA = f, f += items * kC * kC;
+    b.yk = f, f += items * kC * Dk;
+    b.dbk = f, f += items * kC * Dk;
+    b.dbp = f, f += items * kC;
+  }
   if (own_states) {
     a.saved = f, f += all_items * Dk * Dv;
     a.saved_s0 = prob.Hv * Dk * Dv, a.saved_s1 = Dk * Dv;
@@ -238,8 +263,8 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
       chunked::launch_prep_fp32(prep, dev, stream, op);
     }
     if (own_states) chunked::launch_state_pass_fp32(a, dev, stream, op);  // states, Vnew
-    x3 ? launch_chunks<true>(b, !own_states, dev, stream, op)
-       : launch_chunks<false>(b, !own_states, dev, stream, op);
+    x3 ? launch_chunks<true>(b, !own_states, false, dev, stream, op)
+       : launch_chunks<false>(b, !own_states, fused, dev, stream, op);
   }
   if (gate_params) {
     chunked::bwd_gate_param_kernel<<<static_cast<unsigned>(prob.Hv), kThreads, 0, stream>>>(b);
