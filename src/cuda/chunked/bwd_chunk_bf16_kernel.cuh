@@ -20,9 +20,12 @@
 //       the row sums of c1, d Y k, e dKb k per 16-channel tile; <S, dS> partial sums
 //   C   Q, K staged whole (over the dead dO, Vnew rows): Z = Mq' .* (Q K^T) + Mk' .* (K K^T), then
 //       dg, dbeta and the gate parameters' partials exactly as bwd_key_kernel's scalar gate.
+// Given the forward's saved chunk states, Vnew = U - W S is formed here first (phase V, bf16
+// products; bwd_vnew_kernel is not run and Vnew never goes to global memory).
 // Shared memory (bytes, ~107 KB: two blocks per SM):
 //   sdO, sVn, sdVb [C][136] bf16 | sMq, sMk [C][72] bf16 | region R (A: sTi [C][72] + sdVn
-//   [C][136]; B: sS, sdS [32][136] + sQq, sKq [C][40]; C: sZ [C][65] fp32) | small fp32 arrays.
+//   [C][136]; B: sS, sdS [32][136] + sQq, sKq [C][40]; C: sZ [C][65] fp32) | small fp32 arrays;
+//   phase V: W [C][136] in region R, S [Dk][136] over sdVb, sMq, sMk.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +53,7 @@ struct BwdFusedSmem {
   // sG, sBeta, sDbp, sC1, sYk, sF, sDb, sRow [C]; sPart [3][C][8]; sPartA [2][C][2]; sRed [8].
   static constexpr std::size_t small = 4 * (8 * kC + 3 * kC * 8 + 2 * kC * 2 + 8);
   static constexpr std::size_t bytes = 3 * rowsD + 2 * rowsC + region + small;
+  static_assert(region >= rowsD && rowsD + 2 * rowsC >= 2 * kBwdFusedD * ldD, "phase V");
 };
 
 // A [16 x 16] fragment of rows r0.. of a row-major bf16 matrix (ld elements), columns k0..
@@ -101,7 +105,58 @@ __device__ __forceinline__ void stage_f32_rows(__nv_bfloat16* dst, int ld, const
   }
 }
 
+// Vnew = U - W S of the chunk into sVn (bf16): W (fp32 scratch) staged in `w16` [C][ldD], S whole
+// in `s16` [Dk][ldD] (bf16, from the saved record), U read from global as the products finish.
+// Warp tile rows r0.., columns c0 .. c0 + 63, k over Dk.
 template <bool S16>
+__device__ __forceinline__ void fused_vnew(const BwdArgs& b, std::int64_t st_off, const float* W,
+                                           const float* U, __nv_bfloat16* w16, __nv_bfloat16* s16,
+                                           __nv_bfloat16* sVn) {
+  constexpr int D = kBwdFusedD, ldD = BwdFusedSmem::ldD;
+  stage_f32_rows<kC>(w16, ldD, W);
+#pragma unroll
+  for (int u = 0; u < D * D / 8 / kBwdFusedThreads; ++u) {
+    const int e = threadIdx.x + u * kBwdFusedThreads;
+    const int r = e / (D / 8), c = 8 * (e % (D / 8));
+    const std::int64_t off = st_off + std::int64_t(r) * D + c;
+    if constexpr (S16) {
+      *reinterpret_cast<uint4*>(s16 + r * ldD + c) =
+          *reinterpret_cast<const uint4*>(b.states16 + off);
+    } else {
+      const float4 x0 = *reinterpret_cast<const float4*>(b.states + off);
+      const float4 x1 = *reinterpret_cast<const float4*>(b.states + off + 4);
+      *reinterpret_cast<uint4*>(s16 + r * ldD + c) =
+          make_uint4(detail::pack_bf16(x0.x, x0.y), detail::pack_bf16(x0.z, x0.w),
+                     detail::pack_bf16(x1.x, x1.y), detail::pack_bf16(x1.z, x1.w));
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+  const int r0 = 16 * (warp & 3), c0 = 64 * (warp >> 2);
+  float acc[4][2][4] = {};
+#pragma unroll 2
+  for (int k0 = 0; k0 < D; k0 += 16) {
+    const uint4 aw = frag_a(w16, ldD, r0, k0);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) mma_n16(acc[m], aw, frag_b_cols(s16, ldD, c0 + 16 * m, k0));
+  }
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = r0 + lg + 8 * hr, col = c0 + 16 * m + 8 * nt + 2 * lc;
+        const float2 u2 = *reinterpret_cast<const float2*>(U + r * D + col);
+        *reinterpret_cast<std::uint32_t*>(sVn + r * ldD + col) =
+            detail::pack_bf16(u2.x - acc[m][nt][2 * hr], u2.y - acc[m][nt][2 * hr + 1]);
+      }
+  __syncthreads();  // w16, s16 are overwritten next
+}
+
+// FuseVnew: Vnew = U - W S computed here from the saved chunk states (bwd_vnew_kernel not run);
+// else Vnew is in U (the recomputed state pass wrote it).
+template <bool S16, bool FuseVnew>
 __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(BwdArgs b) {
   using L = BwdFusedSmem;
   constexpr int D = kBwdFusedD, ldD = L::ldD, ldC = L::ldC, ldQ = L::ldQ, ldZ = L::ldZ;
@@ -159,7 +214,10 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   // Phase 0: dO (cp.async), Vnew, dVnew, Tinv (fp32 -> bf16), G, beta.
   copy_token_rows(sdO, ldD, b.dout, b.do_sb, b.do_st, b.do_sh, seq.b, t0, h, len, D);
   detail::cp_async_commit();
-  stage_f32_rows<kC>(sVn, ldD, Vn);
+  if constexpr (FuseVnew)  // W in region R, S over sdVb .. sMk (free until phase A1)
+    fused_vnew<S16>(b, st_off, f32(a.W) + pidx * kC * D, Vn, sTi, sdVb, sVn);
+  else
+    stage_f32_rows<kC>(sVn, ldD, Vn);
   stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);
   {
     const float* Ti = a.Tinv_out + pidx * kC * kC;

@@ -62,11 +62,13 @@ void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const c
   check(cudaGetLastError(), op, "bwd_state_kernel launch");
 }
 
-// bwd_dvb + bwd_key fused into bwd_chunk_bf16_kernel (its header states where it applies).
-void launch_bwd_fused(const BwdArgs& b, dim3 grid, int device, cudaStream_t stream,
+// bwd_dvb + bwd_key fused into bwd_chunk_bf16_kernel (its header states where it applies); with
+// the forward's saved chunk states it also forms Vnew (no bwd_vnew_kernel).
+void launch_bwd_fused(const BwdArgs& b, bool with_saved, dim3 grid, int device, cudaStream_t stream,
                       const char* op) {
-  const auto kernel =
-      b.states16 ? chunked::bwd_chunk_bf16_kernel<true> : chunked::bwd_chunk_bf16_kernel<false>;
+  const auto kernel = !with_saved  ? chunked::bwd_chunk_bf16_kernel<false, false>
+                      : b.states16 ? chunked::bwd_chunk_bf16_kernel<true, true>
+                                   : chunked::bwd_chunk_bf16_kernel<false, true>;
   constexpr std::size_t smem = chunked::BwdFusedSmem::bytes;
   prepare(kernel, smem, device, op);
   kernel<<<grid, chunked::kBwdFusedThreads, smem, stream>>>(b);
@@ -79,7 +81,7 @@ void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, int device, cu
   const chunked::ChunkArgs& a = b.c;
   const std::int64_t slots = chunked::window_slots(a);  // this window's
   const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(a.Hv));
-  if (with_saved && slots > 0) {
+  if (with_saved && !fused && slots > 0) {
     (b.states16 ? chunked::bwd_vnew_kernel<X3, !X3> : chunked::bwd_vnew_kernel<X3, false>)<<<
         dim3(grid.x, grid.y, static_cast<unsigned>(a.Dv / 64)), kThreads, 0, stream>>>(b);
     check(cudaGetLastError(), op, "bwd_vnew_kernel launch");
@@ -93,7 +95,7 @@ void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, int device, cu
     launch_bwd_state<32, X3>(b, device, stream, op);
   if (slots == 0) return;  // T = 0: dh0 = dfinal_state (or 0), nothing else to write
   if (fused) {
-    launch_bwd_fused(b, grid, device, stream, op);
+    launch_bwd_fused(b, with_saved, grid, device, stream, op);
   } else {
     const auto dvb = chunked::bwd_dvb_kernel<X3>;
     const std::size_t dvb_smem = chunked::bwd_dvb_smem_bytes(a.Dv);
