@@ -832,17 +832,21 @@ static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b)
       void* out = which == 0 ? b.dq : b.dk;
       if (out == nullptr) continue;
       const float* src = which == 0 ? f32(a.W) : f32(a.Qs);
+      // Lane channels i = 4 lane + 128 (u / 4) + u % 4 (Dk a multiple of 4): 16-byte loads, the
+      // group's value heads added in order.
       float gh[kPer];
 #pragma unroll
-      for (int u = 0; u < kPer; ++u) {
-        const int i = lane + 32 * u;
-        float s = 0.f;
-        if (i < Dk)
-          for (int g = 0; g < a.group; ++g) {
-            const std::int64_t pidx = wslot * a.Hv + hk * a.group + g;
-            s += src[pidx * kC * Dk + r * Dk + i];
+      for (int u = 0; u < kPer; ++u) gh[u] = 0.f;
+      for (int g = 0; g < a.group; ++g) {
+        const float* row = src + (wslot * a.Hv + hk * a.group + g) * kC * Dk + r * Dk;
+#pragma unroll
+        for (int u4 = 0; u4 < kPer / 4; ++u4) {
+          const int i = 4 * lane + 128 * u4;
+          if (i < Dk) {
+            const float4 x = *reinterpret_cast<const float4*>(row + i);
+            gh[4 * u4] += x.x, gh[4 * u4 + 1] += x.y, gh[4 * u4 + 2] += x.z, gh[4 * u4 + 3] += x.w;
           }
-        gh[u] = s;
+        }
       }
       const std::int64_t ioff = which == 0 ? seq.b * a.q_sb + (t0 + r) * a.q_st + hk * a.q_sh
                                            : seq.b * a.k_sb + (t0 + r) * a.k_st + hk * a.k_sh;
@@ -854,7 +858,7 @@ static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b)
         float ss = 0.f;
 #pragma unroll
         for (int u = 0; u < kPer; ++u) {
-          const int i = lane + 32 * u;
+          const int i = 4 * lane + 128 * (u / 4) + u % 4;
           xv[u] = i < Dk ? load_as_float(x, ioff + i, a.in_dtype) : 0.f;
           ss += xv[u] * xv[u];
         }
@@ -871,7 +875,7 @@ static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b)
       }
 #pragma unroll
       for (int u = 0; u < kPer; ++u) {
-        const int i = lane + 32 * u;
+        const int i = 4 * lane + 128 * (u / 4) + u % 4;
         if (i < Dk) store_from_float(out, ooff + i, a.in_dtype, live ? gh[u] : 0.f);
       }
     }
