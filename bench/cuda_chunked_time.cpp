@@ -215,8 +215,9 @@ int main(int argc, char** argv) {
                  "backward: chunk slots per window of its scratch (0 the rule; a huge value: "
                  "one window)");
   app.add_option("--bwd-fused", overrides.chunked_backward_fused,
-                 "backward: 1 the general bwd_dvb + bwd_key, 2 the fused bf16 kernel where it "
-                 "applies (0 the rule)");
+                 "backward: 1 the general kernels, 2 the fused bf16 kernel and the bf16 reverse "
+                 "pass where they apply, 3 the fused kernel with the general reverse pass (0 the "
+                 "rule)");
   CLI11_PARSE(app, argc, argv);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "props");

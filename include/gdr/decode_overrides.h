@@ -63,10 +63,12 @@ struct DecodeOverrides {
                                     //   one (state in shared memory), 2 = the bf16 one with the
                                     //   state in registers where it applies (the rule: row
                                     //   factors, Dk = 128)
-  int chunked_backward_fused = 0;   // the chunked backward's per-chunk kernels: 1 = the general
-                                    //   bwd_dvb + bwd_key (fp32 scratch, tf32 products), 2 = the
-                                    //   fused bf16 kernel where it applies (the rule: scalar gate,
-                                    //   bf16, no mask, Dk = Dv = 128, 16-byte aligned dO rows)
+  int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
+                                    //   (fp32 scratch, tf32 products), 2 = where it applies
+                                    //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,
+                                    //   16-byte aligned dO rows) bwd_chunk_bf16_kernel for
+                                    //   bwd_dvb + bwd_key and bwd_state_bf16_kernel for the reverse
+                                    //   pass, 3 = the fused kernel with the general reverse pass
 };
 
 }  // namespace gdr

@@ -30,6 +30,7 @@
 #include "core/heuristics.h"
 #include "cuda/chunked/backward_kernels.cuh"
 #include "cuda/chunked/bwd_chunk_bf16_kernel.cuh"
+#include "cuda/chunked/bwd_state_bf16_kernel.cuh"
 #include "cuda/chunked/chunked_host.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/scratch.h"
@@ -62,6 +63,19 @@ void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const c
   check(cudaGetLastError(), op, "bwd_state_kernel launch");
 }
 
+// The reverse pass with dS in registers and bf16 products (bwd_state_bf16_kernel.cuh), on the
+// fused path.
+template <int BV>
+void launch_bwd_state_bf16(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::bwd_state_bf16_kernel<BV>;
+  constexpr std::size_t smem = chunked::BwdStateBf16Smem<BV>::bytes;
+  prepare(kernel, smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(b.c.N), static_cast<unsigned>(b.c.Hv),
+                static_cast<unsigned>(b.c.Dv / BV)),
+           chunked::kBwdStateBf16Threads, smem, stream>>>(b);
+  check(cudaGetLastError(), op, "bwd_state_bf16_kernel launch");
+}
+
 // bwd_dvb + bwd_key fused into bwd_chunk_bf16_kernel (its header states where it applies); with
 // the forward's saved chunk states it also forms Vnew (no bwd_vnew_kernel).
 void launch_bwd_fused(const BwdArgs& b, bool with_saved, dim3 grid, int device, cudaStream_t stream,
@@ -76,8 +90,8 @@ void launch_bwd_fused(const BwdArgs& b, bool with_saved, dim3 grid, int device, 
 }
 
 template <bool X3>
-void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, int device, cudaStream_t stream,
-                   const char* op) {
+void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, bool state_bf16, int device,
+                   cudaStream_t stream, const char* op) {
   const chunked::ChunkArgs& a = b.c;
   const std::int64_t slots = chunked::window_slots(a);  // this window's
   const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(a.Hv));
@@ -89,7 +103,11 @@ void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, int device, cu
   // The reverse pass: 32 value columns per block, 16 when 32 would leave more than half the SMs
   // idle (as the forward's state pass).
   const std::int64_t blocks32 = a.N * a.Hv * (a.Dv / 32);
-  if (2 * blocks32 <= sm_count(device, op))
+  const bool narrow = 2 * blocks32 <= sm_count(device, op);
+  if (state_bf16)
+    narrow ? launch_bwd_state_bf16<16>(b, device, stream, op)
+           : launch_bwd_state_bf16<32>(b, device, stream, op);
+  else if (narrow)
     launch_bwd_state<16, X3>(b, device, stream, op);
   else
     launch_bwd_state<32, X3>(b, device, stream, op);
@@ -265,8 +283,8 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
       chunked::launch_prep_fp32(prep, dev, stream, op);
     }
     if (own_states) chunked::launch_state_pass_fp32(a, dev, stream, op);  // states, Vnew
-    x3 ? launch_chunks<true>(b, !own_states, false, dev, stream, op)
-       : launch_chunks<false>(b, !own_states, fused, dev, stream, op);
+    x3 ? launch_chunks<true>(b, !own_states, false, false, dev, stream, op)
+       : launch_chunks<false>(b, !own_states, fused, fused && fused_rule != 3, dev, stream, op);
   }
   if (gate_params) {
     chunked::bwd_gate_param_kernel<<<static_cast<unsigned>(prob.Hv), kThreads, 0, stream>>>(b);
