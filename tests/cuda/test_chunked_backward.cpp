@@ -252,7 +252,7 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
     cases.emplace_back("fused T=" + std::to_string(T), make_problem(c));
   }
   for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
-    Case c = base_case(1, 190, 1, 2, 128);
+    Case c = base_case(1, 190, 2, 4, 128);
     c.decay = decay;
     cases.emplace_back(std::string("fused decay ") + std::string(to_string(decay)),
                        make_problem(c));

@@ -9,23 +9,32 @@
 // general kernels pass 2 C Dv + 2 C^2 + 2 C Dk + C floats per item through global scratch).
 //
 // Phases (8 warps; [r0, r0 + 16) row blocks):
+//   0   dO rows (cp.async); Vnew as bf16 hi + lo (from the fp32 scratch, or formed here: phase V)
+//   Y   by quarters of the key channels (32 each, dS rows staged per quarter as bf16 hi + lo):
+//       Y = Vnew dS^T in three products (hi hi, hi lo, lo hi: dg's prefix sums of d Y k lose
+//       digits to cancellation, measured in a float64 model of these roundings: with Vnew or dS
+//       rounded once to bf16, dg's relative error reached ~1e-2 at strong decay on some draws);
+//       d Y -> dk_h, the row sums of d Y k; <S, dS> partial sums
 //   A1  dVb = Tinv^T dVnew            (Tinv^T upper triangular: k blocks >= the row block)
 //       dv = beta .* dVb -> dv;  dbeta partial rowsum(dVb .* V)
 //   A2  dMq = scale (dO Vnew^T) .* lower,  dA = -(dVb Vnew^T) .* strict_lower
 //       Mq' = dMq .* Gam, Mk' = diag(beta) dA .* Gam -> shared (bf16);  dbeta partial
 //       rowsum(dA .* KK)
-//   B   by quarters of the key channels (32 each, S, dS rows and Q, K columns staged per quarter):
-//       X1 = scale dO S^T, dKb = -dVb S^T, Y = Vnew dS^T, dxq = Mq' K, dxk = Mk' K,
-//       dyk = Mq'^T Q + Mk'^T K; dq_h, dk_h -> scratch (fp32, bwd_keygrad_kernel sums them);
-//       the row sums of c1, d Y k, e dKb k per 16-channel tile; <S, dS> partial sums
+//   B   by quarters of the key channels (S rows, as bf16 hi + lo for fp32 states, and Q, K
+//       columns staged per quarter):
+//       X1 = scale dO S^T, dKb = -dVb S^T, dxq = Mq' K, dxk = Mk' K, dyk = Mq'^T Q + Mk'^T K;
+//       dq_h, dk_h (+= phase Y's d Y) -> scratch (fp32, bwd_keygrad_kernel sums them); the row
+//       sums of c1, e dKb k per 16-channel tile
 //   C   Q, K staged whole (over the dead dO, Vnew rows): Z = Mq' .* (Q K^T) + Mk' .* (K K^T), then
 //       dg, dbeta and the gate parameters' partials exactly as bwd_key_kernel's scalar gate.
-// Given the forward's saved chunk states, Vnew = U - W S is formed here first (phase V, bf16
-// products; bwd_vnew_kernel is not run and Vnew never goes to global memory).
+// Given the forward's saved chunk states, Vnew = U - W S is formed here first (phase V: bf16
+// products with W and fp32 states as hi + lo, fused_vnew; bwd_vnew_kernel is not run and Vnew
+// never goes to global memory).
 // Shared memory (bytes, ~107 KB: two blocks per SM):
-//   sdO, sVn, sdVb [C][136] bf16 | sMq, sMk [C][72] bf16 | region R (A: sTi [C][72] + sdVn
-//   [C][136]; B: sS, sdS [32][136] + sQq, sKq [C][40]; C: sZ [C][65] fp32) | small fp32 arrays;
-//   phase V: W [C][136] in region R, S [Dk][136] over sdVb, sMq, sMk.
+//   sdO, sVn, sdVb [C][136] bf16 (Vnew's lo part in sdVb until A1) | sMq, sMk [C][72] bf16 |
+//   region R (Y: dS hi, lo [32][136]; A: sTi [C][72] + sdVn [C][136]; B: S hi, lo [32][136] + sQq,
+//   sKq [C][40]; C: sZ [C][65] fp32) | small fp32 arrays; phase V: W hi, lo [C][72] in region R,
+//   S hi, lo [64][136] (half the rows at a time) over sdVb, sMq, sMk.
 #pragma once
 
 #include <cstddef>
@@ -53,7 +62,7 @@ struct BwdFusedSmem {
   // sG, sBeta, sDbp, sC1, sYk, sF, sDb, sRow [C]; sPart [3][C][8]; sPartA [2][C][2]; sRed [8].
   static constexpr std::size_t small = 4 * (8 * kC + 3 * kC * 8 + 2 * kC * 2 + 8);
   static constexpr std::size_t bytes = 3 * rowsD + 2 * rowsC + region + small;
-  static_assert(region >= rowsD && rowsD + 2 * rowsC >= 2 * kBwdFusedD * ldD, "phase V");
+  static_assert(region >= 2 * rowsC && rowsD + 2 * rowsC >= 2 * kBwdFusedD * ldD, "phase V");
 };
 
 // A [16 x 16] fragment of rows r0.. of a row-major bf16 matrix (ld elements), columns k0..
@@ -85,9 +94,12 @@ __device__ __forceinline__ void mma_n16(float (&acc)[2][4], uint4 a, uint4 b) {
   detail::mma_bf16(acc[1], a, b.z, b.w);
 }
 
-// rows x 128 fp32 (global, row stride 128) -> bf16 shared rows [rows][ld]: 8 elements per unit.
+// rows x 128 fp32 (global, row stride 128) -> bf16 shared rows [rows][ld]: 8 elements per unit;
+// with `lo`, the residual x - bf16(x) rounded to bf16 into lo's rows (the pair carries x to
+// ~2^-18 relative, mma_bf16.cuh).
 template <int Rows>
-__device__ __forceinline__ void stage_f32_rows(__nv_bfloat16* dst, int ld, const float* src) {
+__device__ __forceinline__ void stage_f32_rows(__nv_bfloat16* dst, int ld, const float* src,
+                                               __nv_bfloat16* lo = nullptr) {
   constexpr int units = Rows * kBwdFusedD / 8;
   static_assert(units % kBwdFusedThreads == 0);
 #pragma unroll
@@ -96,50 +108,80 @@ __device__ __forceinline__ void stage_f32_rows(__nv_bfloat16* dst, int ld, const
     const int r = e / (kBwdFusedD / 8), c = 8 * (e % (kBwdFusedD / 8));
     const float4 x0 = *reinterpret_cast<const float4*>(src + r * kBwdFusedD + c);
     const float4 x1 = *reinterpret_cast<const float4*>(src + r * kBwdFusedD + c + 4);
-    uint4 o;
-    o.x = detail::pack_bf16(x0.x, x0.y);
-    o.y = detail::pack_bf16(x0.z, x0.w);
-    o.z = detail::pack_bf16(x1.x, x1.y);
-    o.w = detail::pack_bf16(x1.z, x1.w);
+    uint4 o, l;
+    detail::split_bf16(x0.x, x0.y, o.x, l.x);
+    detail::split_bf16(x0.z, x0.w, o.y, l.y);
+    detail::split_bf16(x1.x, x1.y, o.z, l.z);
+    detail::split_bf16(x1.z, x1.w, o.w, l.w);
     *reinterpret_cast<uint4*>(dst + r * ld + c) = o;
+    if (lo) *reinterpret_cast<uint4*>(lo + r * ld + c) = l;
   }
 }
 
-// Vnew = U - W S of the chunk into sVn (bf16): W (fp32 scratch) staged in `w16` [C][ldD], S whole
-// in `s16` [Dk][ldD] (bf16, from the saved record), U read from global as the products finish.
-// Warp tile rows r0.., columns c0 .. c0 + 63, k over Dk.
+// Vnew = U - W S of the chunk into sVn (bf16 hi) and sVnLo (bf16 lo), by halves of k (Dk): W's
+// columns (fp32 scratch) as bf16 hi + lo in `w16` ([2][C][ldC]), S's rows (the saved record) in
+// `s16` ([2][64][ldD]: bf16 rows exact as saved; fp32 rows as hi + lo), U read from global as the
+// products finish: W_hi S_hi + W_lo S_hi (+ W_hi S_lo), ~2^-16 relative, since Vnew enters Y = Vnew
+// dS^T (phase Y). Warp tile rows r0.., columns c0 .. c0 + 63. sVnLo may overlap s16: the lo parts
+// are written after a barrier.
 template <bool S16>
 __device__ __forceinline__ void fused_vnew(const BwdArgs& b, std::int64_t st_off, const float* W,
                                            const float* U, __nv_bfloat16* w16, __nv_bfloat16* s16,
-                                           __nv_bfloat16* sVn) {
-  constexpr int D = kBwdFusedD, ldD = BwdFusedSmem::ldD;
-  stage_f32_rows<kC>(w16, ldD, W);
-#pragma unroll
-  for (int u = 0; u < D * D / 8 / kBwdFusedThreads; ++u) {
-    const int e = threadIdx.x + u * kBwdFusedThreads;
-    const int r = e / (D / 8), c = 8 * (e % (D / 8));
-    const std::int64_t off = st_off + std::int64_t(r) * D + c;
-    if constexpr (S16) {
-      *reinterpret_cast<uint4*>(s16 + r * ldD + c) =
-          *reinterpret_cast<const uint4*>(b.states16 + off);
-    } else {
-      const float4 x0 = *reinterpret_cast<const float4*>(b.states + off);
-      const float4 x1 = *reinterpret_cast<const float4*>(b.states + off + 4);
-      *reinterpret_cast<uint4*>(s16 + r * ldD + c) =
-          make_uint4(detail::pack_bf16(x0.x, x0.y), detail::pack_bf16(x0.z, x0.w),
-                     detail::pack_bf16(x1.x, x1.y), detail::pack_bf16(x1.z, x1.w));
-    }
-  }
-  __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+                                           __nv_bfloat16* sVn, __nv_bfloat16* sVnLo) {
+  constexpr int D = kBwdFusedD, ldD = BwdFusedSmem::ldD, ldC = BwdFusedSmem::ldC, H = D / 2;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, lg = lane >> 2, lc = lane & 3;
   const int r0 = 16 * (warp & 3), c0 = 64 * (warp >> 2);
+  __nv_bfloat16* wl = w16 + kC * ldC;
+  __nv_bfloat16* sl = s16 + H * ldD;
   float acc[4][2][4] = {};
-#pragma unroll 2
-  for (int k0 = 0; k0 < D; k0 += 16) {
-    const uint4 aw = frag_a(w16, ldD, r0, k0);
+  for (int half = 0; half < 2; ++half) {
 #pragma unroll
-    for (int m = 0; m < 4; ++m) mma_n16(acc[m], aw, frag_b_cols(s16, ldD, c0 + 16 * m, k0));
+    for (int u = 0; u < kC * H / 4 / kBwdFusedThreads; ++u) {  // W[:, H half .. + H)
+      const int e = tid + u * kBwdFusedThreads;
+      const int r = e / (H / 4), c = 4 * (e % (H / 4));
+      const float4 x = *reinterpret_cast<const float4*>(W + r * D + H * half + c);
+      uint2 hi, lo;
+      detail::split_bf16(x.x, x.y, hi.x, lo.x);
+      detail::split_bf16(x.z, x.w, hi.y, lo.y);
+      *reinterpret_cast<uint2*>(w16 + r * ldC + c) = hi;
+      *reinterpret_cast<uint2*>(wl + r * ldC + c) = lo;
+    }
+#pragma unroll
+    for (int u = 0; u < H * D / 8 / kBwdFusedThreads; ++u) {  // S rows H half .. + H
+      const int e = tid + u * kBwdFusedThreads;
+      const int r = e / (D / 8), c = 8 * (e % (D / 8));
+      const std::int64_t off = st_off + std::int64_t(H * half + r) * D + c;
+      if constexpr (S16) {
+        *reinterpret_cast<uint4*>(s16 + r * ldD + c) =
+            *reinterpret_cast<const uint4*>(b.states16 + off);
+      } else {
+        const float4 x0 = *reinterpret_cast<const float4*>(b.states + off);
+        const float4 x1 = *reinterpret_cast<const float4*>(b.states + off + 4);
+        uint4 hi, lo;
+        detail::split_bf16(x0.x, x0.y, hi.x, lo.x);
+        detail::split_bf16(x0.z, x0.w, hi.y, lo.y);
+        detail::split_bf16(x1.x, x1.y, hi.z, lo.z);
+        detail::split_bf16(x1.z, x1.w, hi.w, lo.w);
+        *reinterpret_cast<uint4*>(s16 + r * ldD + c) = hi;
+        *reinterpret_cast<uint4*>(sl + r * ldD + c) = lo;
+      }
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int k0 = 0; k0 < H; k0 += 16) {
+      const uint4 ah = frag_a(w16, ldC, r0, k0), al = frag_a(wl, ldC, r0, k0);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const uint4 bh = frag_b_cols(s16, ldD, c0 + 16 * m, k0);
+        mma_n16(acc[m], ah, bh);
+        mma_n16(acc[m], al, bh);
+        if constexpr (!S16) mma_n16(acc[m], ah, frag_b_cols(sl, ldD, c0 + 16 * m, k0));
+      }
+    }
+    __syncthreads();  // w16, s16 are overwritten next
   }
+  std::uint32_t lo[4][2][2];
 #pragma unroll
   for (int m = 0; m < 4; ++m)
 #pragma unroll
@@ -148,10 +190,19 @@ __device__ __forceinline__ void fused_vnew(const BwdArgs& b, std::int64_t st_off
       for (int hr = 0; hr < 2; ++hr) {
         const int r = r0 + lg + 8 * hr, col = c0 + 16 * m + 8 * nt + 2 * lc;
         const float2 u2 = *reinterpret_cast<const float2*>(U + r * D + col);
-        *reinterpret_cast<std::uint32_t*>(sVn + r * ldD + col) =
-            detail::pack_bf16(u2.x - acc[m][nt][2 * hr], u2.y - acc[m][nt][2 * hr + 1]);
+        std::uint32_t hi;
+        detail::split_bf16(u2.x - acc[m][nt][2 * hr], u2.y - acc[m][nt][2 * hr + 1], hi,
+                           lo[m][nt][hr]);
+        *reinterpret_cast<std::uint32_t*>(sVn + r * ldD + col) = hi;
       }
-  __syncthreads();  // w16, s16 are overwritten next
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        *reinterpret_cast<std::uint32_t*>(sVnLo + (r0 + lg + 8 * hr) * ldD + c0 + 16 * m + 8 * nt +
+                                          2 * lc) = lo[m][nt][hr];
 }
 
 // FuseVnew: Vnew = U - W S computed here from the saved chunk states (bwd_vnew_kernel not run);
@@ -171,10 +222,13 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   char* region = reinterpret_cast<char*>(sMk + kC * ldC);
   __nv_bfloat16* sTi = reinterpret_cast<__nv_bfloat16*>(region);  // phase A
   __nv_bfloat16* sdVn = sTi + kC * ldC;
-  __nv_bfloat16* sS = reinterpret_cast<__nv_bfloat16*>(region);  // phase B
-  __nv_bfloat16* sdS = sS + 32 * ldD;
-  __nv_bfloat16* sQq = sdS + 32 * ldD;
+  __nv_bfloat16* sdSh = reinterpret_cast<__nv_bfloat16*>(region);  // phase Y: dS hi, lo rows
+  __nv_bfloat16* sdSl = sdSh + 32 * ldD;
+  __nv_bfloat16* sS = reinterpret_cast<__nv_bfloat16*>(region);  // phase B: S rows (hi)
+  __nv_bfloat16* sSl = sS + 32 * ldD;                            // fp32 states: their lo parts
+  __nv_bfloat16* sQq = sSl + 32 * ldD;
   __nv_bfloat16* sKq = sQq + kC * ldQ;
+  __nv_bfloat16* sVnLo = sdVb;                   // Vnew's lo part until phase A1 writes dVb
   float* sZ = reinterpret_cast<float*>(region);  // phase C
   __nv_bfloat16* sQ = sdO;                       // phase C: Q, K rows over dO, Vnew
   __nv_bfloat16* sK = sVn;
@@ -211,13 +265,95 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   float* dqh = f32(a.W) + pidx * kC * D;
   float* dkh = f32(a.Qs) + pidx * kC * D;
 
-  // Phase 0: dO (cp.async), Vnew, dVnew, Tinv (fp32 -> bf16), G, beta.
+  // Phase 0: dO (cp.async), Vnew (hi + lo), G, beta.
   copy_token_rows(sdO, ldD, b.dout, b.do_sb, b.do_st, b.do_sh, seq.b, t0, h, len, D);
   detail::cp_async_commit();
   if constexpr (FuseVnew)  // W in region R, S over sdVb .. sMk (free until phase A1)
-    fused_vnew<S16>(b, st_off, f32(a.W) + pidx * kC * D, Vn, sTi, sdVb, sVn);
+    fused_vnew<S16>(b, st_off, f32(a.W) + pidx * kC * D, Vn, sTi, sdVb, sVn, sVnLo);
   else
-    stage_f32_rows<kC>(sVn, ldD, Vn);
+    stage_f32_rows<kC>(sVn, ldD, Vn, sVnLo);
+  if (tid < kC) {
+    float beta = 0.f;
+    if (tid < len) {
+      beta = load_as_float(a.beta, seq.b * a.beta_sb + (t0 + tid) * a.beta_st + h * a.beta_sh,
+                           a.beta_dtype);
+      if (a.beta_sigmoid) beta = 1.f / (1.f + expf(-beta));
+    }
+    sBeta[tid] = beta;
+    sG[tid] = a.G_out[pidx * kC + tid];
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Phase Y: Y = Vnew dS^T by quarters of the key channels, with Vnew and dS both as bf16 hi + lo
+  // (three products: hi hi, hi lo, lo hi; dg's prefix sums of d Y k lose digits to cancellation,
+  // so Y keeps ~2^-16 relative); d Y -> dk_h (phase B adds the rest), the row sums of d Y k;
+  // <S, dS> partial sums.
+  float sd = 0.f;  // this thread's part of <S, dS>
+  const float Gn = sG[kC - 1];
+  for (int qi = 0; qi < 4; ++qi) {
+    const int ch0 = 32 * qi;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int e = tid + u * kBwdFusedThreads;
+      const int r = e / (D / 8), c = 8 * (e % (D / 8));
+      const std::int64_t off = std::int64_t(ch0 + r) * D + c;
+      float sv[8];
+      if constexpr (S16) {
+        unpack8_as_float(*reinterpret_cast<const uint4*>(b.states16 + st_off + off), 2, sv);
+      } else {
+        const float4 x0 = *reinterpret_cast<const float4*>(b.states + st_off + off);
+        const float4 x1 = *reinterpret_cast<const float4*>(b.states + st_off + off + 4);
+        sv[0] = x0.x, sv[1] = x0.y, sv[2] = x0.z, sv[3] = x0.w;
+        sv[4] = x1.x, sv[5] = x1.y, sv[6] = x1.z, sv[7] = x1.w;
+      }
+      const float4 d0 = *reinterpret_cast<const float4*>(dS + off);
+      const float4 d1 = *reinterpret_cast<const float4*>(dS + off + 4);
+      uint4 hi, lo;
+      detail::split_bf16(d0.x, d0.y, hi.x, lo.x);
+      detail::split_bf16(d0.z, d0.w, hi.y, lo.y);
+      detail::split_bf16(d1.x, d1.y, hi.z, lo.z);
+      detail::split_bf16(d1.z, d1.w, hi.w, lo.w);
+      *reinterpret_cast<uint4*>(sdSh + r * ldD + c) = hi;
+      *reinterpret_cast<uint4*>(sdSl + r * ldD + c) = lo;
+      sd += sv[0] * d0.x + sv[1] * d0.y + sv[2] * d0.z + sv[3] * d0.w + sv[4] * d1.x +
+            sv[5] * d1.y + sv[6] * d1.z + sv[7] * d1.w;
+    }
+    __syncthreads();
+    const int r0 = 16 * (warp & 3), i0 = 16 * (warp >> 2);  // i0 within the quarter
+    float y[2][4] = {}, ylo[2][4] = {};
+#pragma unroll 2
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      const uint4 avh = frag_a(sVn, ldD, r0, k0), avl = frag_a(sVnLo, ldD, r0, k0);
+      const uint4 bh = frag_b_rows(sdSh, ldD, i0, k0), bl = frag_b_rows(sdSl, ldD, i0, k0);
+      mma_n16(y, avh, bh);
+      mma_n16(ylo, avh, bl);
+      mma_n16(ylo, avl, bh);
+    }
+    float rs[2] = {};  // row sums (rows lg, lg + 8) of d Y k
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = r0 + lg + 8 * hr, i = ch0 + i0 + 8 * nt + 2 * lc;
+        const float d = expf(Gn - sG[r]);
+        const float2 k2 = *reinterpret_cast<const float2*>(Kn + r * D + i);
+        const float y0 = y[nt][2 * hr] + ylo[nt][2 * hr],
+                    y1 = y[nt][2 * hr + 1] + ylo[nt][2 * hr + 1];
+        rs[hr] += d * y0 * k2.x + d * y1 * k2.y;
+        *reinterpret_cast<float2*>(dkh + r * D + i) = make_float2(d * y0, d * y1);
+      }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float x = rs[hr];
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      if (lc == 0) sPart[(1 * kC + r0 + lg + 8 * hr) * 8 + 2 * qi + (warp >> 2)] = x;
+    }
+    __syncthreads();  // the quarter's staging is overwritten next
+  }
+
+  // Phase A0: dVnew, Tinv (fp32 -> bf16) into region R.
   stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);
   {
     const float* Ti = a.Tinv_out + pidx * kC * kC;
@@ -230,17 +366,6 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
           make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
     }
   }
-  if (tid < kC) {
-    float beta = 0.f;
-    if (tid < len) {
-      beta = load_as_float(a.beta, seq.b * a.beta_sb + (t0 + tid) * a.beta_st + h * a.beta_sh,
-                           a.beta_dtype);
-      if (a.beta_sigmoid) beta = 1.f / (1.f + expf(-beta));
-    }
-    sBeta[tid] = beta;
-    sG[tid] = a.G_out[pidx * kC + tid];
-  }
-  cp_async_wait<0>();
   __syncthreads();
 
   // Phase A1: dVb = Tinv^T dVnew, warp tile rows r0.., columns c0 .. c0 + 63.
@@ -334,37 +459,28 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   __syncthreads();
 
   // Phase B: by quarters of the key channels.
-  float sd = 0.f;  // this thread's part of <S, dS>
-  const float Gn = sG[kC - 1];
   for (int qi = 0; qi < 4; ++qi) {
     const int ch0 = 32 * qi;
-    // S, dS rows ch0 .. ch0 + 31 (8 elements per unit, 2 units per thread); Q, K columns.
+    // S rows ch0 .. ch0 + 31 (8 elements per unit, 2 units per thread); Q, K columns.
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int e = tid + u * kBwdFusedThreads;
       const int r = e / (D / 8), c = 8 * (e % (D / 8));
-      const std::int64_t off = std::int64_t(ch0 + r) * D + c;
-      float s[8];
+      const std::int64_t off = st_off + std::int64_t(ch0 + r) * D + c;
       if constexpr (S16) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(b.states16 + st_off + off);
-        *reinterpret_cast<uint4*>(sS + r * ldD + c) = raw;
-        unpack8_as_float(raw, 2, s);
-      } else {
-        const float4 x0 = *reinterpret_cast<const float4*>(b.states + st_off + off);
-        const float4 x1 = *reinterpret_cast<const float4*>(b.states + st_off + off + 4);
-        s[0] = x0.x, s[1] = x0.y, s[2] = x0.z, s[3] = x0.w;
-        s[4] = x1.x, s[5] = x1.y, s[6] = x1.z, s[7] = x1.w;
         *reinterpret_cast<uint4*>(sS + r * ldD + c) =
-            make_uint4(detail::pack_bf16(s[0], s[1]), detail::pack_bf16(s[2], s[3]),
-                       detail::pack_bf16(s[4], s[5]), detail::pack_bf16(s[6], s[7]));
+            *reinterpret_cast<const uint4*>(b.states16 + off);
+      } else {
+        const float4 x0 = *reinterpret_cast<const float4*>(b.states + off);
+        const float4 x1 = *reinterpret_cast<const float4*>(b.states + off + 4);
+        uint4 hi, lo;
+        detail::split_bf16(x0.x, x0.y, hi.x, lo.x);
+        detail::split_bf16(x0.z, x0.w, hi.y, lo.y);
+        detail::split_bf16(x1.x, x1.y, hi.z, lo.z);
+        detail::split_bf16(x1.z, x1.w, hi.w, lo.w);
+        *reinterpret_cast<uint4*>(sS + r * ldD + c) = hi;
+        *reinterpret_cast<uint4*>(sSl + r * ldD + c) = lo;
       }
-      const float4 d0 = *reinterpret_cast<const float4*>(dS + off);
-      const float4 d1 = *reinterpret_cast<const float4*>(dS + off + 4);
-      *reinterpret_cast<uint4*>(sdS + r * ldD + c) =
-          make_uint4(detail::pack_bf16(d0.x, d0.y), detail::pack_bf16(d0.z, d0.w),
-                     detail::pack_bf16(d1.x, d1.y), detail::pack_bf16(d1.z, d1.w));
-      sd += s[0] * d0.x + s[1] * d0.y + s[2] * d0.z + s[3] * d0.w + s[4] * d1.x + s[5] * d1.y +
-            s[6] * d1.z + s[7] * d1.w;
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -380,13 +496,19 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     __syncthreads();
 
     const int r0 = 16 * (warp & 3), i0 = 16 * (warp >> 2);  // i0 within the quarter
-    float x1[2][4] = {}, kb[2][4] = {}, y[2][4] = {};
+    float x1[2][4] = {}, kb[2][4] = {};
 #pragma unroll 2
     for (int k0 = 0; k0 < D; k0 += 16) {
-      const uint4 bs = frag_b_rows(sS, ldD, i0, k0), bd = frag_b_rows(sdS, ldD, i0, k0);
-      mma_n16(x1, frag_a(sdO, ldD, r0, k0), bs);
-      mma_n16(kb, frag_a(sdVb, ldD, r0, k0), bs);
-      mma_n16(y, frag_a(sVn, ldD, r0, k0), bd);
+      // fp32 states as hi + lo (X1 enters dg through c1; bf16 saved states are exact as read)
+      const uint4 bs = frag_b_rows(sS, ldD, i0, k0);
+      const uint4 ao = frag_a(sdO, ldD, r0, k0), ab = frag_a(sdVb, ldD, r0, k0);
+      mma_n16(x1, ao, bs);
+      mma_n16(kb, ab, bs);
+      if constexpr (!S16) {
+        const uint4 bl = frag_b_rows(sSl, ldD, i0, k0);
+        mma_n16(x1, ao, bl);
+        mma_n16(kb, ab, bl);
+      }
     }
     float dxq[2][4] = {}, dxk[2][4] = {}, dyk[2][4] = {};
     // Mq', Mk' are lower triangular: k blocks <= the row block for Mq' K, >= for Mq'^T Q.
@@ -399,38 +521,38 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
       mma_n16(dyk, frag_a_trans(sMq, ldC, r0, k0), frag_b_cols(sQq, ldQ, i0, k0));
       mma_n16(dyk, frag_a_trans(sMk, ldC, r0, k0), frag_b_cols(sKq, ldQ, i0, k0));
     }
-    float rs[3][2] = {};  // row sums (rows lg, lg + 8) of c1, d Y k, e dKb k
+    float rs[2][2] = {};  // row sums (rows lg, lg + 8) of c1, e dKb k
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = r0 + lg + 8 * hr, i = ch0 + i0 + 8 * nt + 2 * lc;
-        const float G = sG[r], eg = expf(G), d = expf(Gn - G), beta = sBeta[r];
+        const float eg = expf(sG[r]), beta = sBeta[r];
         const float2 q2 = *reinterpret_cast<const float2*>(Qn + r * D + i);
         const float2 k2 = *reinterpret_cast<const float2*>(Kn + r * D + i);
+        const float2 dy = *reinterpret_cast<const float2*>(dkh + r * D + i);  // d Y (phase Y)
         float dq[2], dk[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int f = 2 * hr + e;
           const float q = e ? q2.y : q2.x, k = e ? k2.y : k2.x;
-          const float X1 = a.scale * x1[nt][f], dkb = -kb[nt][f], Y = y[nt][f];
+          const float X1 = a.scale * x1[nt][f], dkb = -kb[nt][f];
           rs[0][hr] += eg * (X1 * q + beta * dkb * k);
-          rs[1][hr] += d * Y * k;
-          rs[2][hr] += eg * dkb * k;
+          rs[1][hr] += eg * dkb * k;
           dq[e] = eg * X1 + dxq[nt][f];
-          dk[e] = beta * eg * dkb + d * Y + dxk[nt][f] + dyk[nt][f];
+          dk[e] = beta * eg * dkb + (e ? dy.y : dy.x) + dxk[nt][f] + dyk[nt][f];
         }
         *reinterpret_cast<float2*>(dqh + r * D + i) = make_float2(dq[0], dq[1]);
         *reinterpret_cast<float2*>(dkh + r * D + i) = make_float2(dk[0], dk[1]);
       }
 #pragma unroll
-    for (int w = 0; w < 3; ++w)
+    for (int w = 0; w < 2; ++w)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         float x = rs[w][hr];
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         x += __shfl_xor_sync(0xffffffffu, x, 2);
-        if (lc == 0) sPart[(w * kC + r0 + lg + 8 * hr) * 8 + 2 * qi + (warp >> 2)] = x;
+        if (lc == 0) sPart[(2 * w * kC + r0 + lg + 8 * hr) * 8 + 2 * qi + (warp >> 2)] = x;
       }
     __syncthreads();  // the quarter's staging is overwritten next
   }
