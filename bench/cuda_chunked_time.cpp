@@ -216,8 +216,8 @@ int main(int argc, char** argv) {
                  "one window)");
   app.add_option("--bwd-fused", overrides.chunked_backward_fused,
                  "backward: 1 the general kernels, 2 the fused bf16 kernel and the bf16 reverse "
-                 "pass where they apply, 3 the fused kernel with the general reverse pass (0 the "
-                 "rule)");
+                 "pass and the bf16 prep where they apply, 3 that with the general reverse pass, 4 "
+                 "that with the fp32 prep (0 the rule)");
   CLI11_PARSE(app, argc, argv);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "props");

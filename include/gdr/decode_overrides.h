@@ -68,7 +68,9 @@ struct DecodeOverrides {
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,
                                     //   16-byte aligned dO rows) bwd_chunk_bf16_kernel for
                                     //   bwd_dvb + bwd_key and bwd_state_bf16_kernel for the reverse
-                                    //   pass, 3 = the fused kernel with the general reverse pass
+                                    //   pass (and the bf16 prep's backward mode for
+                                    //   16-byte aligned q, k, v rows), 3 = the general reverse
+                                    //   pass, 4 = the fp32 prep
 };
 
 }  // namespace gdr

@@ -236,7 +236,8 @@ TEST(CudaChunkedBackward, SavedFromForwardModes) {
 
 // The fused bf16 kernel for bwd_dvb + bwd_key (bwd_chunk_bf16_kernel.cuh: scalar gate, bf16, no
 // mask, Dk = Dv = 128) with the bf16 reverse pass (bwd_state_bf16_kernel.cuh) or the general one,
-// and the general kernels (DecodeOverrides::chunked_backward_fused = 2, 3, 1) on the same calls,
+// the bf16 prep's backward mode or the fp32 prep, and the general kernels
+// (DecodeOverrides::chunked_backward_fused = 2, 3, 4, 1) on the same calls,
 // both within the bar of the float64 reference: lengths around the chunk, decay regimes up to g =
 // -30 everywhere, beta 0 and 1, varlen with empty and 1-token sequences, GQA, the fused options,
 // both layouts, h0 and dfinal_state; states recomputed, read from the forward's fp32 saved record,
@@ -286,12 +287,13 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
     DeviceMirror m, m16;
     const TensorView saved = forward_saved(d, m);
     const TensorView saved16 = forward_saved(d, m16, nullptr, true);
-    for (int rule : {1, 2, 3}) {
+    for (int rule : {1, 2, 3, 4}) {
       DecodeOverrides forced;
       forced.chunked_backward_fused = rule;
       const std::string label = family + (rule == 1   ? " general"
                                           : rule == 2 ? " fused"
-                                                      : " fused, general pass");
+                                          : rule == 3 ? " fused, general pass"
+                                                      : " fused, fp32 prep");
       const BackwardResult got = run_backward_cuda(d, nullptr, {}, Path::automatic, &forced);
       note(label, got, ref);
       expect_backward_close(got, ref, tol, label + " (recomputed): " + describe(d.c, d.seed));

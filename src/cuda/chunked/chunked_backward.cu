@@ -6,6 +6,10 @@
 //   given BackwardParams::saved (the forward's chunk states), bwd_vnew_kernel (Vnew, every chunk
 //   independent)  ->  bwd_state_kernel (reverse, dS per chunk, dh0)  ->  bwd_dvb_kernel  ->
 //   bwd_key_kernel  ->  bwd_keygrad_kernel  ->  bwd_gate_param_kernel (gate in kernel).
+// The fused path (scalar gate, bf16, no mask, Dk = Dv = 128, 16-byte aligned dO rows; unless
+// DecodeOverrides::chunked_backward_fused = 1): bwd_state_bf16_kernel for the reverse pass and
+// bwd_chunk_bf16_kernel for bwd_dvb + bwd_key (and, given `saved`, bwd_vnew): bf16 tensor-core
+// products, the per-chunk gradients kept on chip, and no scratch for dVb, dMq, dA, yk, dbk, dbp.
 // The forward's prep kernel and state pass run here in one fixed mode (chunked_host.cuh
 // launch_prep_fp32 / launch_state_pass_fp32), whatever the dtype and DecodeOverrides: fp32 scratch
 // (3xTF32), Qs and Kd stored, fp32 chunk states, unsplit state pass, no overlap; the backward's
@@ -16,7 +20,8 @@
 // Deterministic: every sum has a fixed order.
 //   scratch per chunk slot of one window and value head, floats: the forward's
 //   (3 Dk + Dv + C) C + Wg, plus 2 C^2 (Tinv, KK) + C Wg (G) + Dk Dv (dS) + 2 C Dv (dVnew, dVb) +
-//   2 C^2 (dMq, dA) + C + 2 C Dk (yk, dbk); per chunk slot of the window and key head 2 C Dk
+//   2 C^2 (dMq, dA) + C + 2 C Dk (yk, dbk; none of dVb .. dbk on the fused path); per chunk
+//   slot of the window and key head 2 C Dk
 //   (normalised Q, K). At Dk = Dv = 128 about 6.4 KB per token of the window and value head, plus
 //   1 KB per token and key head. Per chunk slot of the call and value head: 1 + Wg doubles (the
 //   gate-parameter partials) and, without `saved`, Dk Dv fp32 chunk states (one window then);
@@ -32,6 +37,7 @@
 #include "cuda/chunked/bwd_chunk_bf16_kernel.cuh"
 #include "cuda/chunked/bwd_state_bf16_kernel.cuh"
 #include "cuda/chunked/chunked_host.cuh"
+#include "cuda/chunked/prep_bf16_kernel.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/scratch.h"
 #include "cuda/paths.h"
@@ -61,6 +67,19 @@ void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const c
                 static_cast<unsigned>(b.c.Dv / BV)),
            kThreads, smem, stream>>>(b);
   check(cudaGetLastError(), op, "bwd_state_kernel launch");
+}
+
+// The bf16 prep kernel in its backward mode (prep_bf16_kernel.cuh: products on the raw bf16 rows,
+// the backward's fp32 scratch and extra outputs), on the fused path with 16-byte aligned q, k, v.
+void launch_prep_bf16_bwd(const chunked::ChunkArgs& a, int device, cudaStream_t stream,
+                          const char* op) {
+  if (chunked::window_slots(a) == 0) return;
+  const auto kernel = chunked::chunk_prep_bf16_kernel<true>;
+  const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv);
+  prepare(kernel, smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(chunked::window_slots(a)), static_cast<unsigned>(a.Hv)),
+           chunked::kPrepBf16Threads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "chunk_prep_bf16_kernel launch");
 }
 
 // The reverse pass with dS in registers and bf16 products (bwd_state_bf16_kernel.cuh), on the
@@ -205,6 +224,7 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
                      prob.Dv == chunked::kBwdFusedD && chunked::rows_16byte_aligned(p.dout) &&
                      (own_states || (p.saved.stride[0] % 8 == 0 && p.saved.stride[1] % 8 == 0 &&
                                      reinterpret_cast<std::uintptr_t>(p.saved.data) % 16 == 0));
+  const bool prep_bf16 = fused && a.rows16 && fused_rule != 4;
 
   // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
   const std::int64_t items = wslots * prob.Hv, keys = wslots * prob.Hk;
@@ -280,7 +300,10 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
       // The prep kernel zeroes the chunk-state rows of surplus slots: not the caller's `saved`.
       chunked::ChunkArgs prep = a;
       if (!own_states) prep.saved = nullptr;
-      chunked::launch_prep_fp32(prep, dev, stream, op);
+      if (prep_bf16)
+        launch_prep_bf16_bwd(prep, dev, stream, op);
+      else
+        chunked::launch_prep_fp32(prep, dev, stream, op);
     }
     if (own_states) chunked::launch_state_pass_fp32(a, dev, stream, op);  // states, Vnew
     x3 ? launch_chunks<true>(b, !own_states, false, false, dev, stream, op)

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/chunked/chunked_common.cuh"
 #include "cuda/chunked/tinv.cuh"
@@ -69,11 +70,13 @@ __device__ __forceinline__ void split_factor_product(float (&acc)[4][4], const _
   }
 }
 
-// out [C][D] (bf16, global) = F X over D / 32 column blocks of 32 and 4 row blocks of 16, tiles
-// dealt to the 8 warps so that each gets the same number of k steps (row blocks i and 3 - i).
-__device__ __forceinline__ void split_factor_rows(__nv_bfloat16* out, int D,
-                                                  const __nv_bfloat16* hi, const __nv_bfloat16* lo,
-                                                  const __nv_bfloat16* sX, int ldX) {
+// out [C][D] (St: bf16, or fp32 for the backward, global) = F X over D / 32 column blocks of 32 and
+// 4 row blocks of 16, tiles dealt to the 8 warps so that each gets the same number of k steps (row
+// blocks i and 3 - i).
+template <class St>
+__device__ __forceinline__ void split_factor_rows(St* out, int D, const __nv_bfloat16* hi,
+                                                  const __nv_bfloat16* lo, const __nv_bfloat16* sX,
+                                                  int ldX) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
   const int tiles = 4 * (D / 32);
   for (int t = warp; t < tiles; t += kPrepBf16Threads / 32) {
@@ -89,7 +92,13 @@ __device__ __forceinline__ void split_factor_rows(__nv_bfloat16* out, int D,
   }
 }
 
+// Bwd: the backward's recompute (chunked_backward.cu, the fused path): the same products, written
+// in the backward's fp32 scratch (W, U, P, Qs = scale diag(e^G nq) q, Kd = diag(e^{G_n - G} nk) k
+// stored instead of the row factors) with its extra outputs: Tinv, KK = strict_lower(Gam .* nk nk^T
+// .* k k^T), G, and per key head the normalised rows nq q, nk k (by the group's first value head).
+template <bool Bwd = false>
 __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(ChunkArgs a) {
+  using St = std::conditional_t<Bwd, float, __nv_bfloat16>;
   extern __shared__ float4 smem4[];
   const int Dk = a.Dk, Dv = a.Dv, ldK = Dk + 8, ldV = Dv + 8;
   const PrepBf16Smem lay(Dk, Dv);
@@ -188,7 +197,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   // K K^T and Q K^T: warp tiles of rows r0 .. r0 + 15 and key columns j0 .. j0 + 31; tiles wholly
   // above the diagonal are zero.
   const std::int64_t pidx = wslot * a.Hv + h;
-  __nv_bfloat16* Pg = static_cast<__nv_bfloat16*>(a.P) + pidx * kC * kC;
+  St* Pg = static_cast<St*>(a.P) + pidx * kC * kC;
   const int lg = lane >> 2, lc = lane & 3;
   {
     const int r0 = 16 * (warp & 3), j0 = 32 * (warp >> 2);
@@ -213,7 +222,9 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
         const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
-        sA[r * kLdA + j] = j < r ? sBeta[r] * gam * sNk[r] * sNk[j] * kk[nt][e] : 0.f;
+        const float kkn = j < r ? gam * sNk[r] * sNk[j] * kk[nt][e] : 0.f;
+        sA[r * kLdA + j] = sBeta[r] * kkn;
+        if constexpr (Bwd) a.KK_out[pidx * kC * kC + r * kC + j] = kkn;
         pv[e] = a.scale * gam * sNq[r] * sNk[j] * qk[nt][e];
       }
       const int r = r0 + lg, j = j0 + 8 * nt + 2 * lc;
@@ -223,11 +234,38 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   }
   if (tid < kC) {  // Qs = diag(fq) q, Kd = diag(fk) k; 0 on rows past the chunk
     const bool valid = tid < len;
-    a.fq[pidx * kC + tid] = valid ? a.scale * expf(sG[tid]) * sNq[tid] : 0.f;
-    a.fk[pidx * kC + tid] = valid ? expf(sG[kC - 1] - sG[tid]) * sNk[tid] : 0.f;
+    if constexpr (!Bwd) {
+      a.fq[pidx * kC + tid] = valid ? a.scale * expf(sG[tid]) * sNq[tid] : 0.f;
+      a.fk[pidx * kC + tid] = valid ? expf(sG[kC - 1] - sG[tid]) * sNk[tid] : 0.f;
+    } else {
+      a.G_out[pidx * kC + tid] = sG[tid];
+    }
     sFw[tid] = sBeta[tid] * expf(sG[tid]) * sNk[tid];
   }
   if (tid == 0) a.gn[pidx] = expf(sG[kC - 1]);
+  if constexpr (Bwd) {  // Qs, Kd rows (and the normalised rows) before Tinv takes the q rows' space
+    const bool key_head = h % a.group == 0;
+    const std::int64_t kidx = (wslot * a.Hk + hk) * kC * Dk;
+    float* Qs = static_cast<float*>(a.Qs) + pidx * kC * Dk;
+    float* Kd = static_cast<float*>(a.Kd) + pidx * kC * Dk;
+    for (int e = tid; e < kC * Dk / 2; e += kPrepBf16Threads) {
+      const int r = e / (Dk / 2), i = 2 * (e - r * (Dk / 2));
+      const float2 qf =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sQ + r * ldK + i));
+      const float2 kf =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sK + r * ldK + i));
+      const float nq = sNq[r], nk = sNk[r];
+      const float fq = a.scale * expf(sG[r]) * nq, fk = expf(sG[kC - 1] - sG[r]) * nk;
+      *reinterpret_cast<float2*>(Qs + r * Dk + i) = make_float2(fq * qf.x, fq * qf.y);
+      *reinterpret_cast<float2*>(Kd + r * Dk + i) = make_float2(fk * kf.x, fk * kf.y);
+      if (key_head) {
+        *reinterpret_cast<float2*>(a.Qn_out + kidx + r * Dk + i) =
+            make_float2(nq * qf.x, nq * qf.y);
+        *reinterpret_cast<float2*>(a.Kn_out + kidx + r * Dk + i) =
+            make_float2(nk * kf.x, nk * kf.y);
+      }
+    }
+  }
   __syncthreads();
   unit_lower_inverse(sA, sT);  // into the q rows' space; ends with a barrier
 
@@ -235,6 +273,8 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
     const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
     const float t0v = sT[r * kLdA + j], t1v = sT[r * kLdA + j + 1];
+    if constexpr (Bwd)
+      *reinterpret_cast<float2*>(a.Tinv_out + pidx * kC * kC + r * kC + j) = make_float2(t0v, t1v);
     std::uint32_t hi, lo;
     detail::split_bf16(t0v * sFw[j], t1v * sFw[j + 1], hi, lo);
     *reinterpret_cast<std::uint32_t*>(sTwHi + r * kLdT16 + j) = hi;
@@ -245,8 +285,8 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   }
   cp_async_wait<0>();  // this thread's v copies
   __syncthreads();
-  split_factor_rows(static_cast<__nv_bfloat16*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK);
-  split_factor_rows(static_cast<__nv_bfloat16*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
+  split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK);
+  split_factor_rows(static_cast<St*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
 }
 
 }  // namespace gdr::cuda::chunked
