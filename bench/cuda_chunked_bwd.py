@@ -3,7 +3,8 @@
 chunk_gated_delta_rule through torch autograd (the CUDA chunked forward keeps its chunk states,
 the CUDA chunked backward reads them; src/cuda/chunked/) against FLA's chunk_gated_delta_rule on
 the same inputs (bench/cuda_chunked.py's: bf16 q, k (unit rows), v; fp32 g = -0.2 U(0,1), beta,
-h0), Dk = Dv = 128, scalar gate. The upstream gradients of o and of the final state are fixed
+h0), Dk = Dv = 128, scalar gate; and the forward benchmark's per-key row (g [B, T, Hv, Dk])
+against FLA's chunk_kda. The upstream gradients of o and of the final state are fixed
 random tensors; one timed call is forward + torch.autograd.grad for q, k, v, g, beta, h0.
 
 Method: CUDA events around each call, warm-up first, median of --reps calls cycling over the
@@ -29,13 +30,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_chunked import make_set, rel, time_calls, varlen_lengths  # noqa: E402
 
-SHAPES = [  # (B, T, Hk, Hv)
-    (1, 4096, 16, 32),
-    (1, 16384, 16, 32),
-    (1, 65536, 16, 32),
-    (8, 4096, 16, 32),
-    (1, 32768, 32, 32),
-    ("varlen32", None, 16, 32),
+SHAPES = [  # (B, T, Hk, Hv, gate): the forward benchmark's rows (bench/cuda_chunked.py)
+    (1, 4096, 16, 32, "scalar"),
+    (1, 16384, 16, 32, "scalar"),
+    (1, 65536, 16, 32, "scalar"),
+    (8, 4096, 16, 32, "scalar"),
+    (1, 32768, 32, 32, "scalar"),
+    ("varlen32", None, 16, 32, "scalar"),
+    (1, 16384, 32, 32, "per_key"),  # g [B, T, Hv, Dk]; the peer's chunk_kda
 ]
 
 GRAD_INPUTS = ("q", "k", "v", "g", "beta", "h0")
@@ -70,13 +72,14 @@ def main():
     ap.add_argument("--rows", default="all", help="comma-separated row indices, or all")
     args = ap.parse_args()
     import gdr
-    fla_chunk = None
+    fla_chunk = fla_kda = None
     fla_version = None
     if not args.no_peer:
         try:
             import fla
             import fla.ops.common.chunk_o as fla_chunk_o
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+            from fla.ops.kda import chunk_kda as fla_kda
             fla_chunk_o.IS_NVIDIA_HOPPER = False  # timing only: see the module docstring
             fla_version = getattr(fla, "__version__", "?")
         except Exception as e:  # noqa: BLE001
@@ -98,7 +101,7 @@ def main():
 
     shapes = SHAPES if args.rows == "all" else [SHAPES[int(i)] for i in args.rows.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    for (B, T, Hk, Hv) in shapes:
+    for (B, T, Hk, Hv, gate) in shapes:
         cu = None
         label = None
         if B == "varlen32":
@@ -109,9 +112,11 @@ def main():
             B, T = 1, cu[-1]
             label = f"varlen 32 seqs {min(lens)}..{max(lens)}"
         N = B if cu is None else len(cu) - 1
-        in_bytes = B * T * (2 * Hk * D * 2 + 2 * Hv * D * 2 + Hv * 8) + 2 * N * Hv * D * D * 4
+        g_bytes = (D if gate == "per_key" else 1) * 4
+        in_bytes = (B * T * (2 * Hk * D * 2 + 2 * Hv * D * 2 + Hv * (g_bytes + 4))
+                    + 2 * N * Hv * D * D * 4)
         ns = max(1, min(3, math.ceil(180e6 / in_bytes)))
-        sets = [with_grads(make_set(B, T, Hk, Hv, D, "scalar", gen, cu), gen) for _ in range(ns)]
+        sets = [with_grads(make_set(B, T, Hk, Hv, D, gate, gen, cu), gen) for _ in range(ns)]
         cu32 = None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
         cu64 = None if cu is None else cu32.long()
 
@@ -126,11 +131,12 @@ def main():
                 output_final_state=True, cu_seqlens=cu32), d)
 
         def run_fla(d):
-            return step(lambda x: fla_chunk(
+            peer = fla_kda if gate == "per_key" else fla_chunk
+            return step(lambda x: peer(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                 output_final_state=True, cu_seqlens=cu64), d)
 
-        row = dict(B=B, T=T, Hk=Hk, Hv=Hv, Dk=D, Dv=D, gate="scalar", N=N, label=label,
+        row = dict(B=B, T=T, Hk=Hk, Hv=Hv, Dk=D, Dv=D, gate=gate, N=N, label=label,
                    seqlens=(None if cu is None else [cu[i + 1] - cu[i] for i in range(N)]),
                    input_sets=ns)
         try:
@@ -150,7 +156,7 @@ def main():
             except Exception as e:  # noqa: BLE001
                 row.update(peer_error=str(e)[:300])
         rows.append(row)
-        print(f"B={B} T={T} Hk={Hk} Hv={Hv} gdr {row.get('gdr_ms', float('nan')):.3f} ms "
+        print(f"B={B} T={T} Hk={Hk} Hv={Hv} {gate} gdr {row.get('gdr_ms', float('nan')):.3f} ms "
               f"(peak {row.get('gdr_peak_bytes', 0) / 2**30:.2f} GiB)  FLA "
               f"{row.get('peer_ms', float('nan')):.3f} ms (peak "
               f"{row.get('peer_peak_bytes', 0) / 2**30:.2f} GiB)  speedup "
