@@ -9,8 +9,10 @@
 // The fused path (scalar gate, bf16, no mask, Dk = Dv = 128, 16-byte aligned dO rows; unless
 // DecodeOverrides::chunked_backward_fused = 1): bwd_state_bf16_kernel for the reverse pass and
 // bwd_chunk_bf16_kernel for bwd_dvb + bwd_key (and, given `saved`, bwd_vnew): bf16 tensor-core
-// products, the per-chunk gradients kept on chip, and no scratch for dVb, dMq, dA, yk, dbk, dbp.
-// The forward's prep kernel and state pass run here in one fixed mode (chunked_host.cuh
+// products, the per-chunk gradients kept on chip, and no scratch for dVb, dMq, dA, yk, dbk, dbp;
+// its recompute is chunk_prep_bf16_kernel<true> (bf16 products on the raw q, k, v rows, fp32
+// scratch out) where q, k, v rows are 16-byte aligned (chunked_backward_fused = 4: the fp32 prep).
+// Otherwise the forward's prep kernel and state pass run here in one fixed mode (chunked_host.cuh
 // launch_prep_fp32 / launch_state_pass_fp32), whatever the dtype and DecodeOverrides: fp32 scratch
 // (3xTF32), Qs and Kd stored, fp32 chunk states, unsplit state pass, no overlap; the backward's
 // kernels read that scratch as fp32 (the forward's 16-bit scratch, row factors, bf16 chunk states,
