@@ -50,8 +50,11 @@ struct Shape {
 // states, and the high-water mark of the device's default memory pool over it (the backward's
 // scratch and gradients: cudaMallocAsync is where its scratch comes from without an allocator).
 struct BackwardTiming {
+  bool phases = false;  // in: also one call with DecodeOverrides::backward_phase_cycles
   double ms = -1;
   double pool_peak_bytes = 0;
+  std::vector<double> phase_cycles;  // per block of the fused chunk kernel, phases 0 .. 7
+  double blocks = 0;
 };
 
 double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeOverrides& overrides,
@@ -168,6 +171,23 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
       std::sort(bwd_ms.begin(), bwd_ms.end());
       bwd->ms = bwd_ms[bwd_ms.size() / 2];
       bwd->pool_peak_bytes = static_cast<double>(high);
+      if (bwd->phases) {  // one more call, timed per phase inside the fused chunk kernel
+        unsigned long long* counters = nullptr;
+        const std::size_t bytes = gdr::kBackwardPhaseCounters * sizeof(unsigned long long);
+        ck(cudaMalloc(reinterpret_cast<void**>(&counters), bytes), "malloc");
+        ck(cudaMemset(counters, 0, bytes), "memset");
+        gdr::DecodeOverrides timed = overrides;
+        timed.backward_phase_cycles = counters;
+        gdr::ExecConfig tcfg = cfg;
+        tcfg.decode_overrides = &timed;
+        gdr::backward(bp, tcfg);
+        std::vector<unsigned long long> host(gdr::kBackwardPhaseCounters);
+        ck(cudaMemcpy(host.data(), counters, bytes, cudaMemcpyDeviceToHost), "copy counters");
+        cudaFree(counters);
+        bwd->blocks = static_cast<double>(host.back());
+        for (int i = 0; i + 1 < gdr::kBackwardPhaseCounters; ++i)
+          bwd->phase_cycles.push_back(bwd->blocks > 0 ? host[i] / bwd->blocks : 0.0);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", bwd ? "forward / backward" : "forward", e.what());
@@ -218,6 +238,10 @@ int main(int argc, char** argv) {
                  "backward: 1 the general kernels, 2 the fused bf16 kernel and the bf16 reverse "
                  "pass and the bf16 prep where they apply, 3 that with the general reverse pass, 4 "
                  "that with the fp32 prep (0 the rule)");
+  bool phase_cycles = false;
+  app.add_flag("--phase-cycles", phase_cycles,
+               "with --backward: one more call timing the fused chunk kernel's phases (clock64 "
+               "cycles per block: bwd_phase_cycles, bwd_blocks, sm_clock_khz)");
   CLI11_PARSE(app, argc, argv);
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "props");
@@ -240,15 +264,28 @@ int main(int argc, char** argv) {
     const Shape& s = shapes[i];
     bool ok;
     BackwardTiming bt;
+    bt.phases = phase_cycles;
     const double t =
         time_forward(s, gdr::Path::chunkwise, reps, overrides, &ok, backward ? &bt : nullptr);
-    char bwd_fields[128] = "";
-    if (backward)
-      std::snprintf(bwd_fields, sizeof bwd_fields,
-                    "\"window\": %d, \"bwd_fused\": %d, \"bwd_ms\": %.4f, "
-                    "\"bwd_pool_peak_bytes\": %.0f, ",
-                    overrides.chunked_backward_window, overrides.chunked_backward_fused, bt.ms,
-                    bt.pool_peak_bytes);
+    char bwd_fields[512] = "";
+    if (backward) {
+      int n = std::snprintf(bwd_fields, sizeof bwd_fields,
+                            "\"window\": %d, \"bwd_fused\": %d, \"bwd_ms\": %.4f, "
+                            "\"bwd_pool_peak_bytes\": %.0f, ",
+                            overrides.chunked_backward_window, overrides.chunked_backward_fused,
+                            bt.ms, bt.pool_peak_bytes);
+      if (phase_cycles) {
+        int khz = 0;
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+        n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n,
+                           "\"sm_clock_khz\": %d, \"bwd_blocks\": %.0f, \"bwd_phase_cycles\": [",
+                           khz, bt.blocks);
+        for (std::size_t j = 0; j < bt.phase_cycles.size(); ++j)
+          n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "%s%.0f", j ? ", " : "",
+                             bt.phase_cycles[j]);
+        std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "], ");
+      }
+    }
     std::printf(
         "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
         "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"segments\": %d, \"state_bv\": %d, "

@@ -71,6 +71,14 @@ struct DecodeOverrides {
                                     //   pass (and the bf16 prep's backward mode for
                                     //   16-byte aligned q, k, v rows), 3 = the general reverse
                                     //   pass, 4 = the fp32 prep
+  // Diagnostics, not a knob: a device buffer of kBackwardPhaseCounters (9) zeroed counters. When
+  // set, thread 0 of every block of the fused backward chunk kernel (bwd_chunk_bf16_kernel.cuh)
+  // adds the clock64 cycles of each of its phases, 0 .. 7 = staging and Vnew, Y, A0, A1, A2, B,
+  // C's products, C's row sums and stores, and adds 1 to [8] (the block count);
+  // bench/cuda_chunked_time --phase-cycles prints the averages per block.
+  unsigned long long* backward_phase_cycles = nullptr;
 };
+
+inline constexpr int kBackwardPhaseCounters = 9;
 
 }  // namespace gdr

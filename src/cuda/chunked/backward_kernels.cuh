@@ -95,6 +95,8 @@ struct BwdArgs {
   // dS between two windows of the reverse pass, [N, Hv, Dk, Dv] (fp32, k-first); null with one
   // window.
   float* dS_carry;
+  // DecodeOverrides::backward_phase_cycles (null: no timing).
+  unsigned long long* phase_cycles;
 };
 
 __device__ __forceinline__ bool row_live(const ChunkArgs& a, const SeqInfo& seq, std::int64_t t0,

@@ -94,6 +94,16 @@ __device__ __forceinline__ void mma_n16(float (&acc)[2][4], uint4 a, uint4 b) {
   detail::mma_bf16(acc[1], a, b.z, b.w);
 }
 
+// Diagnostics (DecodeOverrides::backward_phase_cycles): thread 0 adds the cycles since the last
+// mark to counter `phase` (a reduction, fire and forget); `last` lives in shared memory so that no
+// register stays live across the kernel for it. Nothing happens when `cycles` is null.
+__device__ __forceinline__ void phase_mark(unsigned long long* cycles, long long& last, int phase) {
+  if (cycles == nullptr || threadIdx.x != 0) return;
+  const long long now = clock64();
+  if (phase >= 0) atomicAdd(cycles + phase, static_cast<unsigned long long>(now - last));
+  last = now;
+}
+
 // rows x 128 fp32 (global, row stride 128) -> bf16 shared rows [rows][ld]: 8 elements per unit;
 // with `lo`, the residual x - bf16(x) rounded to bf16 into lo's rows (the pair carries x to
 // ~2^-18 relative, mma_bf16.cuh).
@@ -254,6 +264,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   std::int64_t t0;
   int len;
   if (!slot_chunk(a, slot, seq, t0, len)) return;
+  __shared__ long long phase_last;
+  phase_mark(b.phase_cycles, phase_last, -1);
   const std::int64_t pidx = wslot * a.Hv + h;
   const std::int64_t gidx = slot * a.Hv + h;
   const std::int64_t kidx = (wslot * a.Hk + hk) * kC * D;
@@ -284,6 +296,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   }
   cp_async_wait<0>();
   __syncthreads();
+  phase_mark(b.phase_cycles, phase_last, 0);
 
   // Phase Y: Y = Vnew dS^T by quarters of the key channels, with Vnew and dS both as bf16 hi + lo
   // (three products: hi hi, hi lo, lo hi; dg's prefix sums of d Y k lose digits to cancellation,
@@ -352,6 +365,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     }
     __syncthreads();  // the quarter's staging is overwritten next
   }
+  phase_mark(b.phase_cycles, phase_last, 1);
 
   // Phase A0: dVnew, Tinv (fp32 -> bf16) into region R.
   stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);
@@ -367,6 +381,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     }
   }
   __syncthreads();
+  phase_mark(b.phase_cycles, phase_last, 2);
 
   // Phase A1: dVb = Tinv^T dVnew, warp tile rows r0.., columns c0 .. c0 + 63.
   {
@@ -407,6 +422,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     }
   }
   __syncthreads();
+  phase_mark(b.phase_cycles, phase_last, 3);
 
   // Phase A2: dMq = scale dO Vnew^T (lower), dA = -dVb Vnew^T (strict lower); tiles rows r0..,
   // columns j0 .. j0 + 31 (wholly above the diagonal: zeros).
@@ -457,6 +473,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     }
   }
   __syncthreads();
+  phase_mark(b.phase_cycles, phase_last, 4);
 
   // Phase B: by quarters of the key channels.
   for (int qi = 0; qi < 4; ++qi) {
@@ -556,6 +573,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
       }
     __syncthreads();  // the quarter's staging is overwritten next
   }
+  phase_mark(b.phase_cycles, phase_last, 5);
 
   // Phase C: Q, K rows whole over dO, Vnew; Z = Mq' .* (Q K^T) + Mk' .* (K K^T); <S, dS>.
   stage_f32_rows<kC>(sQ, ldD, Qn);
@@ -591,6 +609,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
         }
   }
   __syncthreads();
+  phase_mark(b.phase_cycles, phase_last, 6);
   // dg per row (bwd_key_kernel's scalar gate):
   //   dg_t = gn <S, dS> + sum_{r >= t} c1_r + sum_{r < t} (d Y k)_r + sum_{r >= t} sum_{j < t} Z[r,
   //   j]
@@ -676,6 +695,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
       b.gpart[gidx * 2] = dAl;
       b.gpart[gidx * 2 + 1] = ddt;
     }
+    phase_mark(b.phase_cycles, phase_last, 7);  // thread 0 ends last: the block's end
+    if (b.phase_cycles) atomicAdd(b.phase_cycles + 8, 1ull);
   }
 }
 

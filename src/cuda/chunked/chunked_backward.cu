@@ -227,6 +227,8 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
                      (own_states || (p.saved.stride[0] % 8 == 0 && p.saved.stride[1] % 8 == 0 &&
                                      reinterpret_cast<std::uintptr_t>(p.saved.data) % 16 == 0));
   const bool prep_bf16 = fused && a.rows16 && fused_rule != 4;
+  b.phase_cycles =
+      config.decode_overrides ? config.decode_overrides->backward_phase_cycles : nullptr;
 
   // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
   const std::int64_t items = wslots * prob.Hv, keys = wslots * prob.Hk;
