@@ -237,7 +237,8 @@ int main(int argc, char** argv) {
   app.add_option("--bwd-fused", overrides.chunked_backward_fused,
                  "backward: 1 the general kernels, 2 the fused bf16 kernel and the bf16 reverse "
                  "pass and the bf16 prep where they apply, 3 that with the general reverse pass, 4 "
-                 "that with the fp32 prep (0 the rule)");
+                 "that with the fp32 prep, 5 2 with the reverse pass's operands in bf16 (0 the "
+                 "rule)");
   bool phase_cycles = false;
   app.add_flag("--phase-cycles", phase_cycles,
                "with --backward: one more call timing the fused chunk kernel's phases (clock64 "

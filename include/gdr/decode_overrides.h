@@ -70,7 +70,9 @@ struct DecodeOverrides {
                                     //   bwd_dvb + bwd_key and bwd_state_bf16_kernel for the reverse
                                     //   pass (and the bf16 prep's backward mode for
                                     //   16-byte aligned q, k, v rows), 3 = the general reverse
-                                    //   pass, 4 = the fp32 prep
+                                    //   pass, 4 = the fp32 prep, 5 = 2 with the reverse pass's
+                                    //   operands written in bf16 by the prep given the forward's
+                                    //   states (bit-identical to 2; opt-in until measured)
   // Diagnostics, not a knob: a device buffer of kBackwardPhaseCounters (9) zeroed counters. When
   // set, thread 0 of every block of the fused backward chunk kernel (bwd_chunk_bf16_kernel.cuh)
   // adds the clock64 cycles of each of its phases, 0 .. 7 = staging and Vnew, Y, A0, A1, A2, B,

@@ -68,14 +68,18 @@ TensorView forward_saved(TestData& d, DeviceMirror& m, const DecodeOverrides* fo
 }
 
 // One case: the CUDA backward (states recomputed, and when with_saved also read from the CUDA
-// forward's saved tensor) against the float64 reference.
+// forward's saved tensor) against the float64 reference, and (recomputed states) against the CPU
+// chunkwise backward on the same inputs in the same dtype.
 void check_backward(const std::string& family, TestData d, bool with_saved = true) {
   const BackwardResult ref = reference_backward(d);
   const std::string label = family + ": " + describe(d.c, d.seed);
   const double tol = backward_tolerance(d.c);
+  const BackwardResult cpu = run_backward(d, Path::chunkwise);
   const BackwardResult got = run_backward_cuda(d);
   note(family, got, ref);
+  note(family + " (vs CPU chunkwise)", got, cpu);
   expect_backward_close(got, ref, tol, label + " (recomputed states)");
+  expect_backward_close(got, cpu, tol, label + " (recomputed states, against the CPU chunkwise)");
   if (with_saved) {
     DeviceMirror m;
     const TensorView saved = forward_saved(d, m);
@@ -306,6 +310,23 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
       note(label + " (bf16 saved, windows)", got16, ref);
       expect_backward_close(got16, ref, tol,
                             label + " (bf16 saved, windows): " + describe(d.c, d.seed));
+    }
+    // Given saved states, rule 5 has the bf16 prep write the reverse pass's operands in bf16; rule
+    // 2 keeps them fp32 and the pass rounds them as it stages them: the same roundings, so the
+    // gradients must be bit-identical.
+    for (const TensorView* sv : {&saved, &saved16}) {
+      DecodeOverrides op16, op32;
+      op16.chunked_backward_fused = 5, op32.chunked_backward_fused = 2;
+      op16.chunked_backward_window = op32.chunked_backward_window = 3;
+      const BackwardResult x = run_backward_cuda(d, nullptr, *sv, Path::automatic, &op16);
+      const BackwardResult y = run_backward_cuda(d, nullptr, *sv, Path::automatic, &op32);
+      for (const Field& f : fields(x, y)) {
+        ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
+        for (std::size_t i = 0; i < f.got->size(); ++i)
+          ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
+              << family << (sv == &saved ? " (saved) " : " (bf16 saved) ") << f.name
+              << ": bf16 and fp32 reverse-pass operands differ at " << i;
+      }
     }
   }
 }

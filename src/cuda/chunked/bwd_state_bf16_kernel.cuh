@@ -16,9 +16,13 @@
 // c - 1's are copied; chunk c - 1's P, Kd are converted after chunk c's second barrier (chunk c's
 // dVnew, their last reader, is done), then chunk c - 2's are copied. dO rows arrive by cp.async
 // with Qs, W. Two barriers per chunk.
-// Shared memory (bytes, BV = 32): fp32 staging P [C][C], Kd, Qs, W [C][Dk] (112 KB); bf16 P
-// [C][72], Kd, Qs, W [C][136] (60 KB); dS hi / lo [Dk][BV + 8], dVnew hi / lo [C][BV + 8], dO
-// [2][C][BV + 8] bf16: ~214 KB, one block per SM.
+// Op16: the operands arrive already rounded to bf16 (the bf16 prep's P16, Kd16, Qs16, W16,
+// chunked_common.cuh: rounded to nearest from the same fp32 values, so bit-identical results):
+// bf16 staging, copied into the padded buffers by the thread that copied them (same points, same
+// barriers); half the bytes read per chunk (each head's operands are read by its Dv / BV blocks).
+// Shared memory (bytes, BV = 32): staging P [C][C], Kd, Qs, W [C][Dk] (fp32 112 KB, Op16 56 KB);
+// bf16 P [C][72], Kd, Qs, W [C][136] (60 KB); dS hi / lo [Dk][BV + 8], dVnew hi / lo [C][BV + 8],
+// dO [2][C][BV + 8] bf16: ~214 KB (Op16 ~158 KB), one block per SM.
 #pragma once
 
 #include <cstddef>
@@ -31,10 +35,10 @@ namespace gdr::cuda::chunked {
 
 inline constexpr int kBwdStateBf16Threads = 512;
 
-template <int BV>
+template <int BV, bool Op16 = false>
 struct BwdStateBf16Smem {
   static constexpr int Dk = kBwdFusedD, ldX = Dk + 8, ldP = kC + 8, ldB = BV + 8;
-  static constexpr std::size_t stage = 4 * (kC * kC + 3 * kC * Dk);
+  static constexpr std::size_t stage = (Op16 ? 2 : 4) * (kC * kC + 3 * kC * Dk);
   static constexpr std::size_t bytes =
       stage + 2 * (kC * ldP + 3 * kC * ldX + 2 * Dk * ldB + 2 * kC * ldB + 2 * kC * ldB);
 };
@@ -44,19 +48,26 @@ inline constexpr int kBwdStatePKd = (kC * kC + kC * kBwdFusedD) / 4 / kBwdStateB
 inline constexpr int kBwdStateQsW = (2 * kC * kBwdFusedD) / 4 / kBwdStateBf16Threads;
 static_assert((kC * kC + kC * kBwdFusedD) / 4 % kBwdStateBf16Threads == 0);
 static_assert((2 * kC * kBwdFusedD) / 4 % kBwdStateBf16Threads == 0);
+// Op16: units of 8 bf16.
+inline constexpr int kBwdStatePKd16 = (kC * kC + kC * kBwdFusedD) / 8 / kBwdStateBf16Threads;
+inline constexpr int kBwdStateQsW16 = (2 * kC * kBwdFusedD) / 8 / kBwdStateBf16Threads;
+static_assert((kC * kC + kC * kBwdFusedD) / 8 % kBwdStateBf16Threads == 0);
+static_assert((2 * kC * kBwdFusedD) / 8 % kBwdStateBf16Threads == 0);
 
-template <int BV>
+template <int BV, bool Op16>
 __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel(BwdArgs b) {
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
-  using L = BwdStateBf16Smem<BV>;
+  using L = BwdStateBf16Smem<BV, Op16>;
   // NT: the n8 tiles of a warp's dS columns (half the slice).
   constexpr int Dk = L::Dk, ldX = L::ldX, ldP = L::ldP, ldB = L::ldB, NT = BV / 16;
   const ChunkArgs& a = b.c;
   extern __shared__ float4 smem4[];
   float* stP = reinterpret_cast<float*>(smem4);  // fp32 staging [C * C], then Kd, Qs, W [C * Dk]
   float* stQs = stP + kC * kC + kC * Dk;
-  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(stQs + 2 * kC * Dk);  // [C][ldP]
-  __nv_bfloat16* sKd = sP + kC * ldP;                                        // [C][ldX] each
+  __nv_bfloat16* stP16 = reinterpret_cast<__nv_bfloat16*>(smem4);  // Op16: the staging in bf16
+  __nv_bfloat16* stQs16 = stP16 + kC * kC + kC * Dk;
+  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem4) + L::stage / 2;  // [C][ldP]
+  __nv_bfloat16* sKd = sP + kC * ldP;                                          // [C][ldX] each
   __nv_bfloat16* sQs = sKd + kC * ldX;
   __nv_bfloat16* sW = sQs + kC * ldX;
   __nv_bfloat16* sShi = sW + kC * ldX;  // [Dk][ldB]
@@ -83,47 +94,91 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
 
   // Unit e of a group: 4 floats at float offset 4 e of the group's staging (P then Kd, or Qs then
   // W, as they lie in the scratch), row and column of its bf16 buffer.
+  // Op16: unit e of a group is 8 bf16 at element offset 8 e.
   auto copy_pkd = [&](std::int64_t c) {
     const std::int64_t p = item(c);
+    if constexpr (Op16) {
 #pragma unroll
-    for (int u = 0; u < kBwdStatePKd; ++u) {
-      const int e = tid + u * kBwdStateBf16Threads;
-      const float* src = e < kC * kC / 4 ? f32(a.P) + p * kC * kC + 4 * e
-                                         : f32(a.Kd) + p * kC * Dk + 4 * (e - kC * kC / 4);
-      detail::cp_async16(stP + 4 * e, src);
+      for (int u = 0; u < kBwdStatePKd16; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const __nv_bfloat16* src = e < kC * kC / 8 ? a.P16 + p * kC * kC + 8 * e
+                                                   : a.Kd16 + p * kC * Dk + 8 * (e - kC * kC / 8);
+        detail::cp_async16(stP16 + 8 * e, src);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kBwdStatePKd; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const float* src = e < kC * kC / 4 ? f32(a.P) + p * kC * kC + 4 * e
+                                           : f32(a.Kd) + p * kC * Dk + 4 * (e - kC * kC / 4);
+        detail::cp_async16(stP + 4 * e, src);
+      }
     }
   };
   auto convert_pkd = [&] {
+    if constexpr (Op16) {
 #pragma unroll
-    for (int u = 0; u < kBwdStatePKd; ++u) {
-      const int e = tid + u * kBwdStateBf16Threads;
-      const float4 x = *reinterpret_cast<const float4*>(stP + 4 * e);
-      const int o = e - kC * kC / 4;
-      __nv_bfloat16* dst = e < kC * kC / 4 ? sP + (e / (kC / 4)) * ldP + 4 * (e % (kC / 4))
-                                           : sKd + (o / (Dk / 4)) * ldX + 4 * (o % (Dk / 4));
-      *reinterpret_cast<uint2*>(dst) =
-          make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
+      for (int u = 0; u < kBwdStatePKd16; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const int o = e - kC * kC / 8;
+        __nv_bfloat16* dst = e < kC * kC / 8 ? sP + (e / (kC / 8)) * ldP + 8 * (e % (kC / 8))
+                                             : sKd + (o / (Dk / 8)) * ldX + 8 * (o % (Dk / 8));
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(stP16 + 8 * e);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kBwdStatePKd; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const float4 x = *reinterpret_cast<const float4*>(stP + 4 * e);
+        const int o = e - kC * kC / 4;
+        __nv_bfloat16* dst = e < kC * kC / 4 ? sP + (e / (kC / 4)) * ldP + 4 * (e % (kC / 4))
+                                             : sKd + (o / (Dk / 4)) * ldX + 4 * (o % (Dk / 4));
+        *reinterpret_cast<uint2*>(dst) =
+            make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
+      }
     }
   };
   auto copy_qsw = [&](std::int64_t c) {
     const std::int64_t p = item(c);
+    if constexpr (Op16) {
 #pragma unroll
-    for (int u = 0; u < kBwdStateQsW; ++u) {
-      const int e = tid + u * kBwdStateBf16Threads;
-      const float* src = e < kC * Dk / 4 ? f32(a.Qs) + p * kC * Dk + 4 * e
-                                         : f32(a.W) + p * kC * Dk + 4 * (e - kC * Dk / 4);
-      detail::cp_async16(stQs + 4 * e, src);
+      for (int u = 0; u < kBwdStateQsW16; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const __nv_bfloat16* src = e < kC * Dk / 8 ? a.Qs16 + p * kC * Dk + 8 * e
+                                                   : a.W16 + p * kC * Dk + 8 * (e - kC * Dk / 8);
+        detail::cp_async16(stQs16 + 8 * e, src);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kBwdStateQsW; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const float* src = e < kC * Dk / 4 ? f32(a.Qs) + p * kC * Dk + 4 * e
+                                           : f32(a.W) + p * kC * Dk + 4 * (e - kC * Dk / 4);
+        detail::cp_async16(stQs + 4 * e, src);
+      }
     }
   };
   auto convert_qsw = [&] {
+    if constexpr (Op16) {
 #pragma unroll
-    for (int u = 0; u < kBwdStateQsW; ++u) {
-      const int e = tid + u * kBwdStateBf16Threads;
-      const float4 x = *reinterpret_cast<const float4*>(stQs + 4 * e);
-      const int o = e < kC * Dk / 4 ? e : e - kC * Dk / 4;
-      __nv_bfloat16* dst = (e < kC * Dk / 4 ? sQs : sW) + (o / (Dk / 4)) * ldX + 4 * (o % (Dk / 4));
-      *reinterpret_cast<uint2*>(dst) =
-          make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
+      for (int u = 0; u < kBwdStateQsW16; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const int o = e < kC * Dk / 8 ? e : e - kC * Dk / 8;
+        __nv_bfloat16* dst =
+            (e < kC * Dk / 8 ? sQs : sW) + (o / (Dk / 8)) * ldX + 8 * (o % (Dk / 8));
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(stQs16 + 8 * e);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kBwdStateQsW; ++u) {
+        const int e = tid + u * kBwdStateBf16Threads;
+        const float4 x = *reinterpret_cast<const float4*>(stQs + 4 * e);
+        const int o = e < kC * Dk / 4 ? e : e - kC * Dk / 4;
+        __nv_bfloat16* dst =
+            (e < kC * Dk / 4 ? sQs : sW) + (o / (Dk / 4)) * ldX + 4 * (o % (Dk / 4));
+        *reinterpret_cast<uint2*>(dst) =
+            make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
+      }
     }
   };
   // dO rows of chunk c, columns col0 .. col0 + BV - 1 (rows past the chunk zero).

@@ -85,11 +85,14 @@ void launch_prep_bf16_bwd(const chunked::ChunkArgs& a, int device, cudaStream_t 
 }
 
 // The reverse pass with dS in registers and bf16 products (bwd_state_bf16_kernel.cuh), on the
-// fused path.
+// fused path; its operands in bf16 where the prep wrote them so (a.P16: Op16).
 template <int BV>
 void launch_bwd_state_bf16(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::bwd_state_bf16_kernel<BV>;
-  constexpr std::size_t smem = chunked::BwdStateBf16Smem<BV>::bytes;
+  const bool op16 = b.c.P16 != nullptr;
+  const auto kernel =
+      op16 ? chunked::bwd_state_bf16_kernel<BV, true> : chunked::bwd_state_bf16_kernel<BV, false>;
+  const std::size_t smem = op16 ? chunked::BwdStateBf16Smem<BV, true>::bytes
+                                : chunked::BwdStateBf16Smem<BV, false>::bytes;
   prepare(kernel, smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(b.c.N), static_cast<unsigned>(b.c.Hv),
                 static_cast<unsigned>(b.c.Dv / BV)),
@@ -227,6 +230,11 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
                      (own_states || (p.saved.stride[0] % 8 == 0 && p.saved.stride[1] % 8 == 0 &&
                                      reinterpret_cast<std::uintptr_t>(p.saved.data) % 16 == 0));
   const bool prep_bf16 = fused && a.rows16 && fused_rule != 4;
+  // The bf16 reverse pass's operands in bf16 (chunked_common.cuh P16 ..): the bf16 prep writes
+  // them, given the forward's states (without them the forward's state pass reads fp32 W, Kd).
+  // Opt-in (chunked_backward_fused = 5) until it has run on a GPU: the same roundings as the fp32
+  // operands, so the gradients must be bit-identical (FusedChunkKernel checks).
+  const bool op16 = prep_bf16 && !own_states && fused_rule == 5;
   b.phase_cycles =
       config.decode_overrides ? config.decode_overrides->backward_phase_cycles : nullptr;
 
@@ -257,6 +265,15 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   a.G_out = f, f += items * kC * wg;
   a.Qn_out = f, f += keys * kC * Dk;
   a.Kn_out = f, f += keys * kC * Dk;
+  if (op16) {
+    // In the fp32 regions they replace, per window: P16 in P's, Kd16 and Qs16 in Kd's halves, W16
+    // in Qs's (free until bwd_chunk_bf16_kernel writes dk_h there, after the reverse pass that
+    // reads W16). Dense [items][C][width] bf16 each.
+    a.P16 = reinterpret_cast<__nv_bfloat16*>(a.P);
+    a.Kd16 = reinterpret_cast<__nv_bfloat16*>(a.Kd);
+    a.Qs16 = a.Kd16 + items * kC * Dk;
+    a.W16 = reinterpret_cast<__nv_bfloat16*>(a.Qs);
+  }
   b.dS = f, f += items * Dk * Dv;
   b.dVn = f, f += items * kC * Dv;
   if (!fused) {

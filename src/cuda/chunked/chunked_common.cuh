@@ -128,6 +128,15 @@ struct ChunkArgs {
   float* G_out;
   float* Qn_out;
   float* Kn_out;
+  // Backward, the bf16 reverse pass's operands (null otherwise; chunked_backward.cu `op16`): the
+  // bf16 prep's backward mode writes P, Kd, Qs only as bf16 (P16 [C, C], Kd16, Qs16 [C, Dk] dense
+  // at p * C * width; its fp32 P, Kd, Qs are not written) and W both as fp32 (a.W) and as bf16
+  // (W16), each rounded once to nearest from the fp32 value the fp32 scratch would hold: what
+  // bwd_state_bf16_kernel<BV, false> rounds as it stages, so the gradients are bit-identical.
+  __nv_bfloat16* P16;
+  __nv_bfloat16* Kd16;
+  __nv_bfloat16* Qs16;
+  __nv_bfloat16* W16;
   int Hk;
 };
 

@@ -72,11 +72,11 @@ __device__ __forceinline__ void split_factor_product(float (&acc)[4][4], const _
 
 // out [C][D] (St: bf16, or fp32 for the backward, global) = F X over D / 32 column blocks of 32 and
 // 4 row blocks of 16, tiles dealt to the 8 warps so that each gets the same number of k steps (row
-// blocks i and 3 - i).
+// blocks i and 3 - i); out16 (optional, bf16 [C][D]): the same values rounded to bf16.
 template <class St>
 __device__ __forceinline__ void split_factor_rows(St* out, int D, const __nv_bfloat16* hi,
                                                   const __nv_bfloat16* lo, const __nv_bfloat16* sX,
-                                                  int ldX) {
+                                                  int ldX, __nv_bfloat16* out16 = nullptr) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
   const int tiles = 4 * (D / 32);
   for (int t = warp; t < tiles; t += kPrepBf16Threads / 32) {
@@ -88,6 +88,10 @@ __device__ __forceinline__ void split_factor_rows(St* out, int D, const __nv_bfl
       const int col = c0 + 8 * nt + 2 * lc, r = 16 * rb + lg;
       store_pair(out + r * D + col, acc[nt][0], acc[nt][1]);
       store_pair(out + (r + 8) * D + col, acc[nt][2], acc[nt][3]);
+      if (out16) {
+        store_pair(out16 + r * D + col, acc[nt][0], acc[nt][1]);
+        store_pair(out16 + (r + 8) * D + col, acc[nt][2], acc[nt][3]);
+      }
     }
   }
 }
@@ -96,6 +100,8 @@ __device__ __forceinline__ void split_factor_rows(St* out, int D, const __nv_bfl
 // in the backward's fp32 scratch (W, U, P, Qs = scale diag(e^G nq) q, Kd = diag(e^{G_n - G} nk) k
 // stored instead of the row factors) with its extra outputs: Tinv, KK = strict_lower(Gam .* nk nk^T
 // .* k k^T), G, and per key head the normalised rows nq q, nk k (by the group's first value head).
+// With a.P16 (the bf16 reverse pass's operands, chunked_common.cuh): P, Kd, Qs in bf16 only and W
+// in both.
 template <bool Bwd = false>
 __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(ChunkArgs a) {
   using St = std::conditional_t<Bwd, float, __nv_bfloat16>;
@@ -198,6 +204,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   // above the diagonal are zero.
   const std::int64_t pidx = wslot * a.Hv + h;
   St* Pg = static_cast<St*>(a.P) + pidx * kC * kC;
+  const bool op16 = Bwd && a.P16 != nullptr;  // uniform
   const int lg = lane >> 2, lc = lane & 3;
   {
     const int r0 = 16 * (warp & 3), j0 = 32 * (warp >> 2);
@@ -228,8 +235,14 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
         pv[e] = a.scale * gam * sNq[r] * sNk[j] * qk[nt][e];
       }
       const int r = r0 + lg, j = j0 + 8 * nt + 2 * lc;
-      store_pair(Pg + r * kC + j, pv[0], pv[1]);
-      store_pair(Pg + (r + 8) * kC + j, pv[2], pv[3]);
+      if (op16) {
+        __nv_bfloat16* P16 = a.P16 + pidx * kC * kC;
+        store_pair(P16 + r * kC + j, pv[0], pv[1]);
+        store_pair(P16 + (r + 8) * kC + j, pv[2], pv[3]);
+      } else {
+        store_pair(Pg + r * kC + j, pv[0], pv[1]);
+        store_pair(Pg + (r + 8) * kC + j, pv[2], pv[3]);
+      }
     }
   }
   if (tid < kC) {  // Qs = diag(fq) q, Kd = diag(fk) k; 0 on rows past the chunk
@@ -256,8 +269,13 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
           __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sK + r * ldK + i));
       const float nq = sNq[r], nk = sNk[r];
       const float fq = a.scale * expf(sG[r]) * nq, fk = expf(sG[kC - 1] - sG[r]) * nk;
-      *reinterpret_cast<float2*>(Qs + r * Dk + i) = make_float2(fq * qf.x, fq * qf.y);
-      *reinterpret_cast<float2*>(Kd + r * Dk + i) = make_float2(fk * kf.x, fk * kf.y);
+      if (op16) {
+        store_pair(a.Qs16 + pidx * kC * Dk + r * Dk + i, fq * qf.x, fq * qf.y);
+        store_pair(a.Kd16 + pidx * kC * Dk + r * Dk + i, fk * kf.x, fk * kf.y);
+      } else {
+        *reinterpret_cast<float2*>(Qs + r * Dk + i) = make_float2(fq * qf.x, fq * qf.y);
+        *reinterpret_cast<float2*>(Kd + r * Dk + i) = make_float2(fk * kf.x, fk * kf.y);
+      }
       if (key_head) {
         *reinterpret_cast<float2*>(a.Qn_out + kidx + r * Dk + i) =
             make_float2(nq * qf.x, nq * qf.y);
@@ -285,7 +303,8 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   }
   cp_async_wait<0>();  // this thread's v copies
   __syncthreads();
-  split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK);
+  split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK,
+                    op16 ? a.W16 + pidx * kC * Dk : nullptr);
   split_factor_rows(static_cast<St*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
 }
 
