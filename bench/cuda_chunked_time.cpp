@@ -239,6 +239,9 @@ int main(int argc, char** argv) {
                  "pass and the bf16 prep where they apply, 3 that with the general reverse pass, 4 "
                  "that with the fp32 prep, 5 2 with the reverse pass's operands in bf16 (0 the "
                  "rule)");
+  app.add_option("--bwd-prefetch", overrides.chunked_backward_prefetch,
+                 "backward: the fused chunk kernel's L2 prefetch of its next phases' operands: "
+                 "1 off, 2 on (0 the rule)");
   bool phase_cycles = false;
   app.add_flag("--phase-cycles", phase_cycles,
                "with --backward: one more call timing the fused chunk kernel's phases (clock64 "
@@ -270,11 +273,12 @@ int main(int argc, char** argv) {
         time_forward(s, gdr::Path::chunkwise, reps, overrides, &ok, backward ? &bt : nullptr);
     char bwd_fields[512] = "";
     if (backward) {
-      int n = std::snprintf(bwd_fields, sizeof bwd_fields,
-                            "\"window\": %d, \"bwd_fused\": %d, \"bwd_ms\": %.4f, "
-                            "\"bwd_pool_peak_bytes\": %.0f, ",
-                            overrides.chunked_backward_window, overrides.chunked_backward_fused,
-                            bt.ms, bt.pool_peak_bytes);
+      int n = std::snprintf(
+          bwd_fields, sizeof bwd_fields,
+          "\"window\": %d, \"bwd_fused\": %d, \"bwd_prefetch\": %d, \"bwd_ms\": %.4f, "
+          "\"bwd_pool_peak_bytes\": %.0f, ",
+          overrides.chunked_backward_window, overrides.chunked_backward_fused,
+          overrides.chunked_backward_prefetch, bt.ms, bt.pool_peak_bytes);
       if (phase_cycles) {
         int khz = 0;
         cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);

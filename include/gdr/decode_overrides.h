@@ -73,6 +73,9 @@ struct DecodeOverrides {
                                     //   pass, 4 = the fp32 prep, 5 = 2 with the reverse pass's
                                     //   operands written in bf16 by the prep given the forward's
                                     //   states (bit-identical to 2; opt-in until measured)
+  int chunked_backward_prefetch = 0;  // the fused backward chunk kernel: 1 = no L2 prefetch,
+                                      //   2 = each block prefetches its next phases' operands
+                                      //   into L2 (bulk prefetch; the rule: 1 until measured)
   // Diagnostics, not a knob: a device buffer of kBackwardPhaseCounters (9) zeroed counters. When
   // set, thread 0 of every block of the fused backward chunk kernel (bwd_chunk_bf16_kernel.cuh)
   // adds the clock64 cycles of each of its phases, 0 .. 7 = staging and Vnew, Y, A0, A1, A2, B,

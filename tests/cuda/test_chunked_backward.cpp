@@ -313,19 +313,26 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
     }
     // Given saved states, rule 5 has the bf16 prep write the reverse pass's operands in bf16; rule
     // 2 keeps them fp32 and the pass rounds them as it stages them: the same roundings, so the
-    // gradients must be bit-identical.
+    // gradients must be bit-identical. So must the chunk kernel's L2 prefetches (hints only).
     for (const TensorView* sv : {&saved, &saved16}) {
-      DecodeOverrides op16, op32;
-      op16.chunked_backward_fused = 5, op32.chunked_backward_fused = 2;
-      op16.chunked_backward_window = op32.chunked_backward_window = 3;
-      const BackwardResult x = run_backward_cuda(d, nullptr, *sv, Path::automatic, &op16);
+      DecodeOverrides op32, op16, prefetch;
+      op32.chunked_backward_fused = prefetch.chunked_backward_fused = 2;
+      op16.chunked_backward_fused = 5;
+      prefetch.chunked_backward_prefetch = 2;
+      op32.chunked_backward_window = op16.chunked_backward_window = 3;
+      prefetch.chunked_backward_window = 3;
       const BackwardResult y = run_backward_cuda(d, nullptr, *sv, Path::automatic, &op32);
-      for (const Field& f : fields(x, y)) {
-        ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
-        for (std::size_t i = 0; i < f.got->size(); ++i)
-          ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
-              << family << (sv == &saved ? " (saved) " : " (bf16 saved) ") << f.name
-              << ": bf16 and fp32 reverse-pass operands differ at " << i;
+      for (const DecodeOverrides* other : {&op16, &prefetch}) {
+        const BackwardResult x = run_backward_cuda(d, nullptr, *sv, Path::automatic, other);
+        for (const Field& f : fields(x, y)) {
+          ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
+          for (std::size_t i = 0; i < f.got->size(); ++i)
+            ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
+                << family << (sv == &saved ? " (saved) " : " (bf16 saved) ") << f.name
+                << (other == &op16 ? ": bf16 and fp32 reverse-pass operands"
+                                   : ": with and without L2 prefetch")
+                << " differ at " << i;
+        }
       }
     }
   }

@@ -97,6 +97,8 @@ struct BwdArgs {
   float* dS_carry;
   // DecodeOverrides::backward_phase_cycles (null: no timing).
   unsigned long long* phase_cycles;
+  // bwd_chunk_bf16_kernel: L2 prefetches of the next phases' operands (chunked_backward_prefetch).
+  bool prefetch_l2;
 };
 
 __device__ __forceinline__ bool row_live(const ChunkArgs& a, const SeqInfo& seq, std::int64_t t0,

@@ -276,6 +276,18 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   const std::int64_t st_off = slot * b.st_s0 + h * b.st_s1;
   float* dqh = f32(a.W) + pidx * kC * D;
   float* dkh = f32(a.Qs) + pidx * kC * D;
+  // Optional L2 prefetches (BwdArgs::prefetch_l2; thread 0, the bulk copy engine): phase 0 / V's
+  // and Y's operands now, A's and B's after phase 0, C's after Y, so that a phase's first loads
+  // find L2 rather than DRAM. Hints only: the results do not depend on them.
+  if (b.prefetch_l2 && tid == 0) {
+    if (FuseVnew) detail::prefetch_l2_bulk(f32(a.W) + pidx * kC * D, kC * D * 4);
+    detail::prefetch_l2_bulk(Vn, kC * D * 4);
+    if (S16)
+      detail::prefetch_l2_bulk(b.states16 + st_off, D * D * 2);
+    else
+      detail::prefetch_l2_bulk(b.states + st_off, D * D * 4);
+    detail::prefetch_l2_bulk(dS, D * D * 4);
+  }
 
   // Phase 0: dO (cp.async), Vnew (hi + lo), G, beta.
   copy_token_rows(sdO, ldD, b.dout, b.do_sb, b.do_st, b.do_sh, seq.b, t0, h, len, D);
@@ -297,6 +309,12 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   cp_async_wait<0>();
   __syncthreads();
   phase_mark(b.phase_cycles, phase_last, 0);
+  if (b.prefetch_l2 && tid == 0) {
+    detail::prefetch_l2_bulk(b.dVn + pidx * kC * D, kC * D * 4);
+    detail::prefetch_l2_bulk(a.Tinv_out + pidx * kC * kC, kC * kC * 4);
+    detail::prefetch_l2_bulk(a.KK_out + pidx * kC * kC, kC * kC * 4);
+    detail::prefetch_l2_bulk(Kn, kC * D * 4);
+  }
 
   // Phase Y: Y = Vnew dS^T by quarters of the key channels, with Vnew and dS both as bf16 hi + lo
   // (three products: hi hi, hi lo, lo hi; dg's prefix sums of d Y k lose digits to cancellation,
@@ -366,6 +384,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     __syncthreads();  // the quarter's staging is overwritten next
   }
   phase_mark(b.phase_cycles, phase_last, 1);
+  if (b.prefetch_l2 && tid == 0) detail::prefetch_l2_bulk(Qn, kC * D * 4);
 
   // Phase A0: dVnew, Tinv (fp32 -> bf16) into region R.
   stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);

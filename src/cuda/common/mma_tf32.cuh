@@ -25,6 +25,11 @@ __device__ __forceinline__ void cp_async_commit() {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
+// A hint: bring `bytes` of global memory at p into L2, asynchronously, by the bulk copy engine
+// (sm_90; p 16-byte aligned, bytes a multiple of 16; nothing to wait for).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
 
 // x = hi + lo with hi exact in tf32 (the top 19 bits) and lo the rest (3xTF32 products).
 __device__ __forceinline__ float tf32_hi(float x) {
