@@ -28,17 +28,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cuda_chunked import make_set, rel, time_calls, varlen_lengths  # noqa: E402
+# The forward benchmark's rows, (B, T, Hk, Hv, gate): the same shapes and varlen batch.
+from cuda_chunked import SHAPES, make_set, rel, time_calls, varlen_lengths  # noqa: E402
 
-SHAPES = [  # (B, T, Hk, Hv, gate): the forward benchmark's rows (bench/cuda_chunked.py)
-    (1, 4096, 16, 32, "scalar"),
-    (1, 16384, 16, 32, "scalar"),
-    (1, 65536, 16, 32, "scalar"),
-    (8, 4096, 16, 32, "scalar"),
-    (1, 32768, 32, 32, "scalar"),
-    ("varlen32", None, 16, 32, "scalar"),
-    (1, 16384, 32, 32, "per_key"),  # g [B, T, Hv, Dk]; the peer's chunk_kda
-]
 
 GRAD_INPUTS = ("q", "k", "v", "g", "beta", "h0")
 
