@@ -119,6 +119,57 @@ __device__ __forceinline__ bool slot_chunk(const ChunkArgs& a, std::int64_t slot
   return len > 0;
 }
 
+// The reverse pass's chunks of a sequence in the launch's window [slot_base, slot_end):
+// c_lo .. c_hi - 1 (false: none of the sequence is in this window). A sequence without chunks
+// belongs to the window that holds its slot0 (the last window's slot_end is past every slot, so
+// exactly one does).
+__device__ __forceinline__ bool window_chunks(const ChunkArgs& a, const SeqInfo& seq,
+                                              std::int64_t& c_lo, std::int64_t& c_hi) {
+  c_lo = a.slot_base > seq.slot0 ? a.slot_base - seq.slot0 : 0;
+  c_hi = a.slot_end - seq.slot0 < seq.chunks ? a.slot_end - seq.slot0 : seq.chunks;
+  return seq.chunks > 0 ? c_lo < c_hi : !(seq.slot0 < a.slot_base || seq.slot0 >= a.slot_end);
+}
+
+// dg of the scalar gate, shared by bwd_key_kernel and bwd_chunk_bf16_kernel:
+//   dg_t = gn <S, dS> + sum_{r >= t} c1_r + sum_{r < t} (d Y k)_r + sum_{r >= t} sum_{j < t} Z[r,
+//   j].
+// z_column_suffix_sums (threads 0 .. C - 1): Z [C][ld] in place, z[t][j] = sum_{r >= t} Z[r, j].
+__device__ __forceinline__ void z_column_suffix_sums(float* z, int ld) {
+  if (threadIdx.x < kC) {
+    const int j = threadIdx.x;
+    float acc = 0.f;
+    for (int r = kC - 1; r >= 0; --r) {
+      acc += z[r * ld + j];
+      z[r * ld + j] = acc;
+    }
+  }
+}
+// F_r = sum_{j < r} of row r of the suffix sums.
+__device__ __forceinline__ float z_row_prefix(const float* z, int ld, int r) {
+  float f = 0.f;
+  for (int j = 0; j < r; ++j) f += z[r * ld + j];
+  return f;
+}
+// One thread, in double and in row order: row[t] = gn sd + sum_{len > r >= t} c1_r +
+// sum_{r < t} yk_r + F_t for t < len (rows past len: the caller's), sd = <S, dS> as the sum of its
+// `nparts` partials in order; c1, yk, F at row stride ld.
+__device__ __forceinline__ void dg_scalar_rows(float* row, const float* sd_parts, int nparts,
+                                               float gn, const float* c1, const float* yk,
+                                               const float* F, int ld, int len) {
+  double sd = 0.0;
+  for (int w = 0; w < nparts; ++w) sd += static_cast<double>(sd_parts[w]);
+  double prefix = 0.0;  // sum_{r < t} yk_r
+  for (int r = 0; r < kC; ++r) {
+    row[r] = static_cast<float>(prefix);
+    prefix += static_cast<double>(yk[r * ld]);
+  }
+  double rc = static_cast<double>(gn) * sd;
+  for (int r = len - 1; r >= 0; --r) {
+    rc += static_cast<double>(c1[r * ld]);
+    row[r] = static_cast<float>(rc + static_cast<double>(row[r]) + static_cast<double>(F[r * ld]));
+  }
+}
+
 // dO rows of the chunk (fp32, zero at rows that are not live), columns [col0, col0 + width),
 // into shared rows of stride ld.
 __device__ __forceinline__ void load_dout_rows(const BwdArgs& b, const SeqInfo& seq,
@@ -175,13 +226,8 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(BwdArgs b) {
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
   const SeqInfo seq = seq_info(a, n);
-  // The sequence's chunks in this launch's window [slot_base, slot_end), c_lo .. c_hi - 1. A
-  // sequence without chunks belongs to the window that holds its slot0 (the last window's
-  // slot_end is past every slot, so exactly one does).
-  const std::int64_t c_lo = a.slot_base > seq.slot0 ? a.slot_base - seq.slot0 : 0;
-  const std::int64_t c_hi =
-      a.slot_end - seq.slot0 < seq.chunks ? a.slot_end - seq.slot0 : seq.chunks;
-  if (seq.chunks > 0 ? c_lo >= c_hi : (seq.slot0 < a.slot_base || seq.slot0 >= a.slot_end)) return;
+  std::int64_t c_lo, c_hi;  // the sequence's chunks in this launch's window
+  if (!window_chunks(a, seq, c_lo, c_hi)) return;
   const bool from_dht = c_hi == seq.chunks;  // else dS leaving the window from the carry
   const bool to_dh0 = c_lo == 0;             // else dS entering the window to the carry
   auto item = [&](std::int64_t c) { return (seq.slot0 + c - a.slot_base) * a.Hv + h; };
@@ -665,19 +711,11 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
       if (lane == 0) sRed[warp] = sd;
     }
     __syncthreads();
-    if (tid < kC) {  // column suffix sums in place: sZ[t][j] = sum_{r >= t} Z[r, j]
-      const int j = tid;
-      float acc = 0.f;
-      for (int r = kC - 1; r >= 0; --r) {
-        acc += sZ[r * ldM + j];
-        sZ[r * ldM + j] = acc;
-      }
-    }
+    z_column_suffix_sums(sZ, ldM);
     __syncthreads();
     if (tid < kC) {  // per row: F_t = sum_{j < t} (suffix sums), the tiles' row sums
       const int r = tid;
-      float f = 0.f;
-      for (int j = 0; j < r; ++j) f += sZ[r * ldM + j];
+      const float f = z_row_prefix(sZ, ldM, r);
       float c1 = 0.f, ykr = 0.f, db = 0.f;
       for (int p = 0; p < parts; ++p) {
         c1 += sPart[(0 * kC + r) * parts + p];
@@ -691,19 +729,8 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
     }
     __syncthreads();
     if (tid == 0) {  // the row recurrences in double, in order
-      double sd = 0.0;
-      for (int w = 0; w < kThreads / 32; ++w) sd += static_cast<double>(sRed[w]);
-      double prefix = 0.0;  // sum_{r < t} (d Y k)_r
-      for (int r = 0; r < kC; ++r) {
-        sRow[r] = static_cast<float>(prefix);
-        prefix += static_cast<double>(sMk[r * ldM + kC]);
-      }
-      double rc = static_cast<double>(expf(sG[kC - 1])) * sd;
-      for (int r = len - 1; r >= 0; --r) {
-        rc += static_cast<double>(sMq[r * ldM + kC]);
-        sRow[r] = static_cast<float>(rc + static_cast<double>(sRow[r]) +
-                                     static_cast<double>(sZ[r * ldM + kC]));
-      }
+      dg_scalar_rows(sRow, sRed, kThreads / 32, expf(sG[kC - 1]), sMq + kC, sMk + kC, sZ + kC, ldM,
+                     len);
       for (int r = 0; r < kC; ++r)
         if (!row_live(a, seq, t0, r, len)) sRow[r] = 0.f;
     }

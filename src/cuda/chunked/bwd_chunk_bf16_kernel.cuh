@@ -128,6 +128,29 @@ __device__ __forceinline__ void stage_f32_rows(__nv_bfloat16* dst, int ld, const
   }
 }
 
+// Rows row0 .. row0 + Rows - 1 of the chunk's saved state (the record at st_off, [D][D]) into
+// shared rows [Rows][ldD]: bf16 records copied as they are (exact), fp32 ones as bf16 hi (dst) +
+// lo (lo's rows).
+template <bool S16, int Rows>
+__device__ __forceinline__ void stage_state_rows(const BwdArgs& b, std::int64_t st_off, int row0,
+                                                 __nv_bfloat16* dst, __nv_bfloat16* lo) {
+  constexpr int D = kBwdFusedD, ldD = BwdFusedSmem::ldD;
+  const std::int64_t off = st_off + std::int64_t(row0) * D;
+  if constexpr (S16) {
+    constexpr int units = Rows * D / 8;
+    static_assert(units % kBwdFusedThreads == 0);
+#pragma unroll
+    for (int u = 0; u < units / kBwdFusedThreads; ++u) {
+      const int e = threadIdx.x + u * kBwdFusedThreads;
+      const int r = e / (D / 8), c = 8 * (e % (D / 8));
+      *reinterpret_cast<uint4*>(dst + r * ldD + c) =
+          *reinterpret_cast<const uint4*>(b.states16 + off + r * D + c);
+    }
+  } else {
+    stage_f32_rows<Rows>(dst, ldD, b.states + off, lo);
+  }
+}
+
 // Vnew = U - W S of the chunk into sVn (bf16 hi) and sVnLo (bf16 lo), by halves of k (Dk): W's
 // columns (fp32 scratch) as bf16 hi + lo in `w16` ([2][C][ldC]), S's rows (the saved record) in
 // `s16` ([2][64][ldD]: bf16 rows exact as saved; fp32 rows as hi + lo), U read from global as the
@@ -157,26 +180,7 @@ __device__ __forceinline__ void fused_vnew(const BwdArgs& b, std::int64_t st_off
       *reinterpret_cast<uint2*>(w16 + r * ldC + c) = hi;
       *reinterpret_cast<uint2*>(wl + r * ldC + c) = lo;
     }
-#pragma unroll
-    for (int u = 0; u < H * D / 8 / kBwdFusedThreads; ++u) {  // S rows H half .. + H
-      const int e = tid + u * kBwdFusedThreads;
-      const int r = e / (D / 8), c = 8 * (e % (D / 8));
-      const std::int64_t off = st_off + std::int64_t(H * half + r) * D + c;
-      if constexpr (S16) {
-        *reinterpret_cast<uint4*>(s16 + r * ldD + c) =
-            *reinterpret_cast<const uint4*>(b.states16 + off);
-      } else {
-        const float4 x0 = *reinterpret_cast<const float4*>(b.states + off);
-        const float4 x1 = *reinterpret_cast<const float4*>(b.states + off + 4);
-        uint4 hi, lo;
-        detail::split_bf16(x0.x, x0.y, hi.x, lo.x);
-        detail::split_bf16(x0.z, x0.w, hi.y, lo.y);
-        detail::split_bf16(x1.x, x1.y, hi.z, lo.z);
-        detail::split_bf16(x1.z, x1.w, hi.w, lo.w);
-        *reinterpret_cast<uint4*>(s16 + r * ldD + c) = hi;
-        *reinterpret_cast<uint4*>(sl + r * ldD + c) = lo;
-      }
-    }
+    stage_state_rows<S16, H>(b, st_off, H * half, s16, sl);  // S rows H half .. + H
     __syncthreads();
 #pragma unroll 2
     for (int k0 = 0; k0 < H; k0 += 16) {
@@ -497,27 +501,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   // Phase B: by quarters of the key channels.
   for (int qi = 0; qi < 4; ++qi) {
     const int ch0 = 32 * qi;
-    // S rows ch0 .. ch0 + 31 (8 elements per unit, 2 units per thread); Q, K columns.
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int e = tid + u * kBwdFusedThreads;
-      const int r = e / (D / 8), c = 8 * (e % (D / 8));
-      const std::int64_t off = st_off + std::int64_t(ch0 + r) * D + c;
-      if constexpr (S16) {
-        *reinterpret_cast<uint4*>(sS + r * ldD + c) =
-            *reinterpret_cast<const uint4*>(b.states16 + off);
-      } else {
-        const float4 x0 = *reinterpret_cast<const float4*>(b.states + off);
-        const float4 x1 = *reinterpret_cast<const float4*>(b.states + off + 4);
-        uint4 hi, lo;
-        detail::split_bf16(x0.x, x0.y, hi.x, lo.x);
-        detail::split_bf16(x0.z, x0.w, hi.y, lo.y);
-        detail::split_bf16(x1.x, x1.y, hi.z, lo.z);
-        detail::split_bf16(x1.z, x1.w, hi.w, lo.w);
-        *reinterpret_cast<uint4*>(sS + r * ldD + c) = hi;
-        *reinterpret_cast<uint4*>(sSl + r * ldD + c) = lo;
-      }
-    }
+    // S rows ch0 .. ch0 + 31; Q, K columns.
+    stage_state_rows<S16, 32>(b, st_off, ch0, sS, sSl);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int e = tid + u * kBwdFusedThreads;  // 512 units: Q then K, 64 rows x 4 of 8
@@ -629,22 +614,12 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   }
   __syncthreads();
   phase_mark(b.phase_cycles, phase_last, 6);
-  // dg per row (bwd_key_kernel's scalar gate):
-  //   dg_t = gn <S, dS> + sum_{r >= t} c1_r + sum_{r < t} (d Y k)_r + sum_{r >= t} sum_{j < t} Z[r,
-  //   j]
-  if (tid < kC) {  // column suffix sums in place: sZ[t][j] = sum_{r >= t} Z[r, j]
-    const int j = tid;
-    float acc = 0.f;
-    for (int r = kC - 1; r >= 0; --r) {
-      acc += sZ[r * ldZ + j];
-      sZ[r * ldZ + j] = acc;
-    }
-  }
+  // dg per row (backward_kernels.cuh dg_scalar_rows states the sum):
+  z_column_suffix_sums(sZ, ldZ);
   __syncthreads();
   if (tid < kC) {  // per row: F_t = sum_{j < t} (suffix sums), the tiles' row sums
     const int r = tid;
-    float f = 0.f;
-    for (int j = 0; j < r; ++j) f += sZ[r * ldZ + j];
+    const float f = z_row_prefix(sZ, ldZ, r);
     float c1 = 0.f, ykr = 0.f, db = 0.f;
 #pragma unroll
     for (int part = 0; part < 8; ++part) {
@@ -661,18 +636,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   }
   __syncthreads();
   if (tid == 0) {  // the row recurrences in double, in order
-    double sdd = 0.0;
-    for (int w = 0; w < kBwdFusedThreads / 32; ++w) sdd += static_cast<double>(sRed[w]);
-    double prefix = 0.0;  // sum_{r < t} (d Y k)_r
-    for (int r = 0; r < kC; ++r) {
-      sRow[r] = static_cast<float>(prefix);
-      prefix += static_cast<double>(sYk[r]);
-    }
-    double rc = static_cast<double>(expf(Gn)) * sdd;
-    for (int r = len - 1; r >= 0; --r) {
-      rc += static_cast<double>(sC1[r]);
-      sRow[r] = static_cast<float>(rc + static_cast<double>(sRow[r]) + static_cast<double>(sF[r]));
-    }
+    dg_scalar_rows(sRow, sRed, kBwdFusedThreads / 32, expf(Gn), sC1, sYk, sF, 1, len);
     for (int r = len; r < kC; ++r) sRow[r] = 0.f;
   }
   __syncthreads();

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/chunked/backward_kernels.cuh"
 #include "cuda/chunked/bwd_chunk_bf16_kernel.cuh"
@@ -43,16 +44,42 @@ struct BwdStateBf16Smem {
       stage + 2 * (kC * ldP + 3 * kC * ldX + 2 * Dk * ldB + 2 * kC * ldB + 2 * kC * ldB);
 };
 
-// Units of 4 floats per thread: P, Kd (the dVnew operands) and Qs, W (the dS update's).
-inline constexpr int kBwdStatePKd = (kC * kC + kC * kBwdFusedD) / 4 / kBwdStateBf16Threads;
-inline constexpr int kBwdStateQsW = (2 * kC * kBwdFusedD) / 4 / kBwdStateBf16Threads;
-static_assert((kC * kC + kC * kBwdFusedD) / 4 % kBwdStateBf16Threads == 0);
-static_assert((2 * kC * kBwdFusedD) / 4 % kBwdStateBf16Threads == 0);
-// Op16: units of 8 bf16.
-inline constexpr int kBwdStatePKd16 = (kC * kC + kC * kBwdFusedD) / 8 / kBwdStateBf16Threads;
-inline constexpr int kBwdStateQsW16 = (2 * kC * kBwdFusedD) / 8 / kBwdStateBf16Threads;
-static_assert((kC * kC + kC * kBwdFusedD) / 8 % kBwdStateBf16Threads == 0);
-static_assert((2 * kC * kBwdFusedD) / 8 % kBwdStateBf16Threads == 0);
+// A staged group of the reverse pass: two operand arrays end to end in the staging area, `na`
+// 16-byte units of `a` first, then `b`'s, Units in all (compile-time, so that each unrolled
+// unit's side is known); T float (4 elements a unit) or bf16 (8).
+// Unit e of the group is thread e % threads's copy, so that the thread that copies a unit also
+// converts it (stage_convert) with no barrier between.
+template <int Units, int na, class T>
+__device__ __forceinline__ void stage_copy(T* stage, const T* a, const T* b) {
+  constexpr int E = 16 / sizeof(T), UnitsPerThread = Units / kBwdStateBf16Threads;
+  static_assert(Units % kBwdStateBf16Threads == 0);
+#pragma unroll
+  for (int u = 0; u < UnitsPerThread; ++u) {
+    const int e = threadIdx.x + u * kBwdStateBf16Threads;
+    detail::cp_async16(stage + E * e, e < na ? a + E * e : b + E * (e - na));
+  }
+}
+// The group's units into their bf16 buffers: a's rows of `ra` units at row stride lda, b's of `rb`
+// units at ldb (elements); fp32 rounded to nearest, bf16 copied.
+template <int Units, int na, int ra, int rb, class T>
+__device__ __forceinline__ void stage_convert(const T* stage, __nv_bfloat16* da, int lda,
+                                              __nv_bfloat16* db, int ldb) {
+  constexpr int E = 16 / sizeof(T), UnitsPerThread = Units / kBwdStateBf16Threads;
+#pragma unroll
+  for (int u = 0; u < UnitsPerThread; ++u) {
+    const int e = threadIdx.x + u * kBwdStateBf16Threads;
+    const int o = e < na ? e : e - na;
+    __nv_bfloat16* dst =
+        e < na ? da + (o / ra) * lda + E * (o % ra) : db + (o / rb) * ldb + E * (o % rb);
+    if constexpr (sizeof(T) == 4) {
+      const float4 x = *reinterpret_cast<const float4*>(stage + E * e);
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
+    } else {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(stage + E * e);
+    }
+  }
+}
 
 template <int BV, bool Op16>
 __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel(BwdArgs b) {
@@ -62,10 +89,12 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
   constexpr int Dk = L::Dk, ldX = L::ldX, ldP = L::ldP, ldB = L::ldB, NT = BV / 16;
   const ChunkArgs& a = b.c;
   extern __shared__ float4 smem4[];
-  float* stP = reinterpret_cast<float*>(smem4);  // fp32 staging [C * C], then Kd, Qs, W [C * Dk]
-  float* stQs = stP + kC * kC + kC * Dk;
-  __nv_bfloat16* stP16 = reinterpret_cast<__nv_bfloat16*>(smem4);  // Op16: the staging in bf16
-  __nv_bfloat16* stQs16 = stP16 + kC * kC + kC * Dk;
+  // The operands as they lie in the scratch (fp32, or bf16 with Op16), E to a 16-byte unit; their
+  // staging: P [C * C], then Kd, Qs, W [C * Dk].
+  using Op = std::conditional_t<Op16, __nv_bfloat16, float>;
+  constexpr int E = 16 / sizeof(Op);
+  Op* stP = reinterpret_cast<Op*>(smem4);
+  Op* stQs = stP + kC * kC + kC * Dk;
   __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem4) + L::stage / 2;  // [C][ldP]
   __nv_bfloat16* sKd = sP + kC * ldP;                                          // [C][ldX] each
   __nv_bfloat16* sQs = sKd + kC * ldX;
@@ -83,103 +112,32 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
   const int h = blockIdx.y;
   const int col0 = blockIdx.z * BV;
   const SeqInfo seq = seq_info(a, n);
-  // The window's chunks c_lo .. c_hi - 1 of the sequence (as bwd_state_kernel).
-  const std::int64_t c_lo = a.slot_base > seq.slot0 ? a.slot_base - seq.slot0 : 0;
-  const std::int64_t c_hi =
-      a.slot_end - seq.slot0 < seq.chunks ? a.slot_end - seq.slot0 : seq.chunks;
-  if (seq.chunks > 0 ? c_lo >= c_hi : (seq.slot0 < a.slot_base || seq.slot0 >= a.slot_end)) return;
+  std::int64_t c_lo, c_hi;  // the sequence's chunks in this launch's window
+  if (!window_chunks(a, seq, c_lo, c_hi)) return;
   const bool from_dht = c_hi == seq.chunks;
   const bool to_dh0 = c_lo == 0;
   auto item = [&](std::int64_t c) { return (seq.slot0 + c - a.slot_base) * a.Hv + h; };
 
-  // Unit e of a group: 4 floats at float offset 4 e of the group's staging (P then Kd, or Qs then
-  // W, as they lie in the scratch), row and column of its bf16 buffer.
-  // Op16: unit e of a group is 8 bf16 at element offset 8 e.
+  const Op *gP, *gKd, *gQs, *gW;
+  if constexpr (Op16)
+    gP = a.P16, gKd = a.Kd16, gQs = a.Qs16, gW = a.W16;
+  else
+    gP = f32(a.P), gKd = f32(a.Kd), gQs = f32(a.Qs), gW = f32(a.W);
+  // The two staged groups: P then Kd (the dVnew operands), Qs then W (the dS update's).
+  constexpr int unitsPKd = (kC * kC + kC * Dk) / E, unitsQsW = 2 * kC * Dk / E;
   auto copy_pkd = [&](std::int64_t c) {
     const std::int64_t p = item(c);
-    if constexpr (Op16) {
-#pragma unroll
-      for (int u = 0; u < kBwdStatePKd16; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const __nv_bfloat16* src = e < kC * kC / 8 ? a.P16 + p * kC * kC + 8 * e
-                                                   : a.Kd16 + p * kC * Dk + 8 * (e - kC * kC / 8);
-        detail::cp_async16(stP16 + 8 * e, src);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kBwdStatePKd; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const float* src = e < kC * kC / 4 ? f32(a.P) + p * kC * kC + 4 * e
-                                           : f32(a.Kd) + p * kC * Dk + 4 * (e - kC * kC / 4);
-        detail::cp_async16(stP + 4 * e, src);
-      }
-    }
+    stage_copy<unitsPKd, kC * kC / E>(stP, gP + p * kC * kC, gKd + p * kC * Dk);
   };
   auto convert_pkd = [&] {
-    if constexpr (Op16) {
-#pragma unroll
-      for (int u = 0; u < kBwdStatePKd16; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const int o = e - kC * kC / 8;
-        __nv_bfloat16* dst = e < kC * kC / 8 ? sP + (e / (kC / 8)) * ldP + 8 * (e % (kC / 8))
-                                             : sKd + (o / (Dk / 8)) * ldX + 8 * (o % (Dk / 8));
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(stP16 + 8 * e);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kBwdStatePKd; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const float4 x = *reinterpret_cast<const float4*>(stP + 4 * e);
-        const int o = e - kC * kC / 4;
-        __nv_bfloat16* dst = e < kC * kC / 4 ? sP + (e / (kC / 4)) * ldP + 4 * (e % (kC / 4))
-                                             : sKd + (o / (Dk / 4)) * ldX + 4 * (o % (Dk / 4));
-        *reinterpret_cast<uint2*>(dst) =
-            make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
-      }
-    }
+    stage_convert<unitsPKd, kC * kC / E, kC / E, Dk / E>(stP, sP, ldP, sKd, ldX);
   };
   auto copy_qsw = [&](std::int64_t c) {
     const std::int64_t p = item(c);
-    if constexpr (Op16) {
-#pragma unroll
-      for (int u = 0; u < kBwdStateQsW16; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const __nv_bfloat16* src = e < kC * Dk / 8 ? a.Qs16 + p * kC * Dk + 8 * e
-                                                   : a.W16 + p * kC * Dk + 8 * (e - kC * Dk / 8);
-        detail::cp_async16(stQs16 + 8 * e, src);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kBwdStateQsW; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const float* src = e < kC * Dk / 4 ? f32(a.Qs) + p * kC * Dk + 4 * e
-                                           : f32(a.W) + p * kC * Dk + 4 * (e - kC * Dk / 4);
-        detail::cp_async16(stQs + 4 * e, src);
-      }
-    }
+    stage_copy<unitsQsW, kC * Dk / E>(stQs, gQs + p * kC * Dk, gW + p * kC * Dk);
   };
   auto convert_qsw = [&] {
-    if constexpr (Op16) {
-#pragma unroll
-      for (int u = 0; u < kBwdStateQsW16; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const int o = e < kC * Dk / 8 ? e : e - kC * Dk / 8;
-        __nv_bfloat16* dst =
-            (e < kC * Dk / 8 ? sQs : sW) + (o / (Dk / 8)) * ldX + 8 * (o % (Dk / 8));
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(stQs16 + 8 * e);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kBwdStateQsW; ++u) {
-        const int e = tid + u * kBwdStateBf16Threads;
-        const float4 x = *reinterpret_cast<const float4*>(stQs + 4 * e);
-        const int o = e < kC * Dk / 4 ? e : e - kC * Dk / 4;
-        __nv_bfloat16* dst =
-            (e < kC * Dk / 4 ? sQs : sW) + (o / (Dk / 4)) * ldX + 4 * (o % (Dk / 4));
-        *reinterpret_cast<uint2*>(dst) =
-            make_uint2(detail::pack_bf16(x.x, x.y), detail::pack_bf16(x.z, x.w));
-      }
-    }
+    stage_convert<unitsQsW, kC * Dk / E, Dk / E, Dk / E>(stQs, sQs, ldX, sW, ldX);
   };
   // dO rows of chunk c, columns col0 .. col0 + BV - 1 (rows past the chunk zero).
   auto issue_dout = [&](std::int64_t c) {
