@@ -89,6 +89,18 @@ void check_backward(const std::string& family, TestData d, bool with_saved = tru
   }
 }
 
+// got and ref bit for bit: every gradient the same size and every element the same bits; `what`
+// names the pair in the message. Call it through ASSERT_NO_FATAL_FAILURE to stop at the first.
+void expect_bit_identical(const BackwardResult& got, const BackwardResult& ref,
+                          const std::string& what) {
+  for (const Field& f : fields(got, ref)) {
+    ASSERT_EQ(f.got->size(), f.ref->size()) << f.name << ": " << what;
+    for (std::size_t i = 0; i < f.got->size(); ++i)
+      ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
+          << f.name << " differs at " << i << ": " << what;
+  }
+}
+
 void check_backward(const std::string& family, const Case& c, bool with_saved = true) {
   check_backward(family, make_problem(c), with_saved);
 }
@@ -324,15 +336,11 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
       const BackwardResult y = run_backward_cuda(d, nullptr, *sv, Path::automatic, &op32);
       for (const DecodeOverrides* other : {&op16, &prefetch}) {
         const BackwardResult x = run_backward_cuda(d, nullptr, *sv, Path::automatic, other);
-        for (const Field& f : fields(x, y)) {
-          ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
-          for (std::size_t i = 0; i < f.got->size(); ++i)
-            ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
-                << family << (sv == &saved ? " (saved) " : " (bf16 saved) ") << f.name
-                << (other == &op16 ? ": bf16 and fp32 reverse-pass operands"
-                                   : ": with and without L2 prefetch")
-                << " differ at " << i;
-        }
+        ASSERT_NO_FATAL_FAILURE(
+            expect_bit_identical(x, y,
+                                 family + (sv == &saved ? " (saved)" : " (bf16 saved)") +
+                                     (other == &op16 ? ", bf16 against fp32 reverse-pass operands"
+                                                     : ", with against without L2 prefetch")));
       }
     }
   }
@@ -350,12 +358,7 @@ TEST(CudaChunkedBackward, Deterministic) {
     TestData d = make_problem(c);
     const BackwardResult a = run_backward_cuda(d);
     const BackwardResult b = run_backward_cuda(d);
-    for (const Field& f : fields(a, b)) {
-      ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
-      for (std::size_t i = 0; i < f.got->size(); ++i)
-        ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
-            << f.name << " differs at " << i << " between two runs";
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_bit_identical(a, b, "between two runs"));
   }
 }
 
@@ -385,12 +388,8 @@ TEST(CudaChunkedBackward, Windows) {
       DecodeOverrides forced;
       forced.chunked_backward_window = w;
       const BackwardResult got = run_backward_cuda(d, nullptr, saved, Path::automatic, &forced);
-      for (const Field& f : fields(got, whole)) {
-        ASSERT_EQ(f.got->size(), f.ref->size()) << f.name;
-        for (std::size_t i = 0; i < f.got->size(); ++i)
-          ASSERT_EQ(std::memcmp(&(*f.got)[i], &(*f.ref)[i], sizeof(double)), 0)
-              << f.name << " at " << i << ": windows of " << w << " slots differ from one window";
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_bit_identical(
+          got, whole, "windows of " + std::to_string(w) + " slots against one window"));
     }
   }
 }
