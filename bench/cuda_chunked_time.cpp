@@ -238,10 +238,12 @@ int main(int argc, char** argv) {
                  "backward: 1 the general kernels, 2 the fused bf16 kernel and the bf16 reverse "
                  "pass and the bf16 prep where they apply, 3 that with the general reverse pass, 4 "
                  "that with the fp32 prep, 5 2 with the reverse pass's operands in bf16 (0 the "
-                 "rule)");
+                 "rule)")
+      ->check(CLI::Range(0, 5));
   app.add_option("--bwd-prefetch", overrides.chunked_backward_prefetch,
                  "backward: the fused chunk kernel's L2 prefetch of its next phases' operands: "
-                 "1 off, 2 on (0 the rule)");
+                 "1 off, 2 on (0 the rule)")
+      ->check(CLI::Range(0, 2));
   bool phase_cycles = false;
   app.add_flag("--phase-cycles", phase_cycles,
                "with --backward: one more call timing the fused chunk kernel's phases (clock64 "
