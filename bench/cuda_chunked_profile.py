@@ -59,6 +59,21 @@ def kernel_table(ins, backward, reps):
     return rows
 
 
+def timeline(ins, backward):
+    """One call's kernels in launch order: start and end (us) relative to the first kernel's start,
+    so that overlap (the output kernel under the state pass) and gaps between kernels show."""
+    run(ins, backward)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(ins, backward)
+        torch.cuda.synchronize()
+    spans = [(e.time_range.start, e.time_range.end, e.name.split("(")[0][:60]) for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans.sort()
+    t0 = spans[0][0] if spans else 0
+    return [dict(kernel=n, start_us=a - t0, end_us=b - t0) for a, b, n in spans]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1x16384x16x32,8x4096x16x32")
@@ -75,7 +90,13 @@ def main():
             print(f"== {s} {'fwd+bwd' if backward else 'fwd'}: {total:.0f} us of kernels per call")
             for r in rows:
                 print(f"  {r['us_per_iter']:9.1f} us  {r['calls_per_iter']:5.1f}x  {r['kernel']}")
-            out.append(dict(shape=s, backward=backward, total_us=total, kernels=rows))
+            spans = timeline(ins, backward)
+            print(f"   timeline of one call ({spans[-1]['end_us']:.0f} us first start to last end):"
+                  if spans else "   no kernels")
+            for r in spans:
+                print(f"    {r['start_us']:9.1f} .. {r['end_us']:9.1f} us  {r['kernel']}")
+            out.append(dict(shape=s, backward=backward, total_us=total, kernels=rows,
+                            timeline=spans))
             del ins
     if a.json:
         with open(a.json, "w") as f:
