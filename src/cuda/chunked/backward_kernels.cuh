@@ -844,7 +844,9 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
 }
 
 // dq, dk of one chunk slot and key head: the group's value heads summed in order, then the
-// L2-norm backward; a warp per row.
+// L2-norm backward; a warp per row. Lane channels i = 4 lane + 128 (u / 4) + u % 4 (Dk a multiple
+// of 4): the dq and dk rows of every value head are loaded (16 bytes per lane) before any is
+// added, and a 16-bit gradient leaves as 8-byte stores where the row allows.
 static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
   const int Dk = a.Dk;
@@ -856,29 +858,40 @@ static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b)
   std::int64_t t0;
   int len;
   if (!slot_chunk(a, slot, seq, t0, len)) return;
-  constexpr int kPer = 8;  // Dk / 32 <= 8
+  constexpr int kPer = 8;                       // Dk / 32 <= 8
+  const float* src[2] = {f32(a.W), f32(a.Qs)};  // dq_hat, dk_hat of each value head
+  void* const out[2] = {b.dq, b.dk};
   for (int r = warp; r < len; r += kThreads / 32) {
     const bool live = row_live(a, seq, t0, r, len);
-    for (int which = 0; which < 2; ++which) {
-      void* out = which == 0 ? b.dq : b.dk;
-      if (out == nullptr) continue;
-      const float* src = which == 0 ? f32(a.W) : f32(a.Qs);
-      // Lane channels i = 4 lane + 128 (u / 4) + u % 4 (Dk a multiple of 4): 16-byte loads, the
-      // group's value heads added in order.
-      float gh[kPer];
+    float gh[2][kPer];
 #pragma unroll
-      for (int u = 0; u < kPer; ++u) gh[u] = 0.f;
-      for (int g = 0; g < a.group; ++g) {
-        const float* row = src + (wslot * a.Hv + hk * a.group + g) * kC * Dk + r * Dk;
+    for (int w = 0; w < 2; ++w)
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) gh[w][u] = 0.f;
+    for (int g = 0; g < a.group; ++g) {
+      const std::int64_t row = (wslot * a.Hv + hk * a.group + g) * kC * Dk + r * Dk;
+      float4 x[2][kPer / 4];
+#pragma unroll
+      for (int w = 0; w < 2; ++w)
 #pragma unroll
         for (int u4 = 0; u4 < kPer / 4; ++u4) {
           const int i = 4 * lane + 128 * u4;
-          if (i < Dk) {
-            const float4 x = *reinterpret_cast<const float4*>(row + i);
-            gh[4 * u4] += x.x, gh[4 * u4 + 1] += x.y, gh[4 * u4 + 2] += x.z, gh[4 * u4 + 3] += x.w;
-          }
+          x[w][u4] = out[w] != nullptr && i < Dk
+                         ? *reinterpret_cast<const float4*>(src[w] + row + i)
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-      }
+#pragma unroll
+      for (int w = 0; w < 2; ++w)
+#pragma unroll
+        for (int u4 = 0; u4 < kPer / 4; ++u4) {
+          gh[w][4 * u4] += x[w][u4].x, gh[w][4 * u4 + 1] += x[w][u4].y;
+          gh[w][4 * u4 + 2] += x[w][u4].z, gh[w][4 * u4 + 3] += x[w][u4].w;
+        }
+    }
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      if (out[which] == nullptr) continue;
+      float(&gw)[kPer] = gh[which];
       const std::int64_t ioff = which == 0 ? seq.b * a.q_sb + (t0 + r) * a.q_st + hk * a.q_sh
                                            : seq.b * a.k_sb + (t0 + r) * a.k_st + hk * a.k_sh;
       const std::int64_t ooff = which == 0 ? seq.b * b.dq_sb + (t0 + r) * b.dq_st + hk * b.dq_sh
@@ -898,16 +911,19 @@ static __global__ void __launch_bounds__(kThreads) bwd_keygrad_kernel(BwdArgs b)
         const float rn = sqrtf(ss + a.eps);
         float dot = 0.f;
 #pragma unroll
-        for (int u = 0; u < kPer; ++u) dot += (xv[u] / rn) * gh[u];
+        for (int u = 0; u < kPer; ++u) dot += (xv[u] / rn) * gw[u];
 #pragma unroll
         for (int m = 16; m > 0; m >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, m);
 #pragma unroll
-        for (int u = 0; u < kPer; ++u) gh[u] = (gh[u] - (xv[u] / rn) * dot) / rn;
+        for (int u = 0; u < kPer; ++u) gw[u] = (gw[u] - (xv[u] / rn) * dot) / rn;
       }
 #pragma unroll
-      for (int u = 0; u < kPer; ++u) {
-        const int i = 4 * lane + 128 * (u / 4) + u % 4;
-        if (i < Dk) store_from_float(out, ooff + i, a.in_dtype, live ? gh[u] : 0.f);
+      for (int u4 = 0; u4 < kPer / 4; ++u4) {
+        const int i = 4 * lane + 128 * u4;
+        if (i >= Dk) continue;
+        const float y[4] = {live ? gw[4 * u4] : 0.f, live ? gw[4 * u4 + 1] : 0.f,
+                            live ? gw[4 * u4 + 2] : 0.f, live ? gw[4 * u4 + 3] : 0.f};
+        store4_from_float(out[which], ooff + i, a.in_dtype, y);
       }
     }
   }

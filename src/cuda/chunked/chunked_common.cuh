@@ -182,6 +182,30 @@ __device__ __forceinline__ void store_from_float(void* p, std::int64_t off, int 
     static_cast<__nv_bfloat16*>(p)[off] = __float2bfloat16_rn(x);
 }
 
+// Four consecutive elements at p + off: one 8-byte store for 16-bit types where the address is
+// 8-byte aligned (the same roundings as four store_from_float calls), else element by element.
+__device__ __forceinline__ void store4_from_float(void* p, std::int64_t off, int dtype,
+                                                  const float (&x)[4]) {
+  auto* e16 = static_cast<std::uint16_t*>(p) + off;
+  if (dtype != 0 && (reinterpret_cast<std::uintptr_t>(e16) & 7) == 0) {
+    uint2 w;
+    if (dtype == 1) {
+      const __half2 a = __floats2half2_rn(x[0], x[1]), c = __floats2half2_rn(x[2], x[3]);
+      w.x = *reinterpret_cast<const std::uint32_t*>(&a),
+      w.y = *reinterpret_cast<const std::uint32_t*>(&c);
+    } else {
+      const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]),
+                           c = __floats2bfloat162_rn(x[2], x[3]);
+      w.x = *reinterpret_cast<const std::uint32_t*>(&a),
+      w.y = *reinterpret_cast<const std::uint32_t*>(&c);
+    }
+    *reinterpret_cast<uint2*>(e16) = w;
+    return;
+  }
+#pragma unroll
+  for (int m = 0; m < 4; ++m) store_from_float(p, off + m, dtype, x[m]);
+}
+
 // A log decay of -inf is an exact decay to 0 (docs/operator.md §6), but -inf - (-inf) in the
 // chunk-local differences G_r - G_j would be NaN. Below -kLogDecayFloor a gate is raised to it:
 // exp of any sum containing that step is then exactly 0 in fp32 (e^-110 < 2^-149), and the
