@@ -221,7 +221,9 @@ int main(int argc, char** argv) {
   app.add_option("--state-buffers", overrides.chunked_state_buffers,
                  "state pass W / Kd buffers: 1 or 2 (0 the rule)");
   app.add_option("--overlap", overrides.chunked_overlap,
-                 "output kernel: 1 after the state pass, 2 overlapped (0 the rule)");
+                 "output kernel: 1 after the state pass, 2 overlapped, 3 the output inside the "
+                 "bf16 state pass where it runs (0 the rule)")
+      ->check(CLI::Range(0, 3));
   app.add_option("--prep", overrides.chunked_prep,
                  "prep kernel: 1 the general one, 2 the bf16 one where it applies (0 the rule)");
   app.add_option("--state-pass", overrides.chunked_state_pass,

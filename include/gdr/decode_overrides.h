@@ -53,7 +53,9 @@ struct DecodeOverrides {
   int chunked_state_buffers = 0;    // the chunked forward's state pass: 1 or 2 W / Kd buffers
                                     //   (2 only where the shared memory allows)
   int chunked_overlap = 0;          // the chunked forward: 1 = the output kernel after the state
-                                    //   pass, 2 = overlapped with it where possible (the rule: 2)
+                                    //   pass, 2 = overlapped with it where possible (the rule: 2),
+                                    //   3 = the output inside the bf16 state pass where that pass
+                                    //   runs (else 2; opt-in until measured)
   int chunked_backward_window = 0;  // the chunked backward given the forward's chunk states:
                                     //   chunk slots per window of its per-chunk scratch (> 0)
   int chunked_prep = 0;             // the chunked forward's prep kernel: 1 = the general one

@@ -320,13 +320,14 @@ TEST(CudaChunkedForward, PrepKernels) {
 // The two unsplit state passes of the row-factor path at Dk = 128: the general one (state in
 // shared memory; DecodeOverrides::chunked_state_pass = 1) and the bf16 one with the state in
 // registers (state_pass_bf16_kernel.cuh, the rule), at 16 and 32 value columns per block, the
-// output kernel after the pass or overlapped with it, both layouts, varlen with empty and 1-token
-// sequences, and the saved chunk states in fp32 and bf16 against the CPU path's.
+// output kernel after the pass or overlapped with it or (overlap 3, bf16 pass) the output inside
+// the pass, both layouts, varlen with empty and 1-token sequences, and the saved chunk states in
+// fp32 and bf16 against the CPU path's.
 TEST(CudaChunkedForward, StatePassKernels) {
   REQUIRE_GPU();
   for (int pass : {1, 2})
     for (int bv : {16, 32})
-      for (int overlap : {1, 2}) {
+      for (int overlap : {1, 2, 3}) {
         const bool varlen = bv == 16;
         Case c = base_case(varlen ? 1 : 2, varlen ? 0 : 64 * 5 + 3, 2, 4, 128);
         c.Dv = overlap == 1 ? 64 : 128;
@@ -396,6 +397,44 @@ TEST(CudaChunkedForward, StatePassShapes) {
           o.chunked_overlap = overlap;
           check_chunked("state pass shapes", c, bv == 16, -1, o);
         }
+}
+
+// The output computed inside the bf16 state pass (DecodeOverrides::chunked_overlap = 3,
+// state_pass_bf16_kernel<BV, true>) does the output kernel's arithmetic on the same operands: o
+// and the final state bit-identical to the overlapped output kernel's (2) without `saved` and with
+// bf16 `saved` (S's hi part, the bf16 chunk state, in q S), at 16 and 32 value columns, varlen
+// with empty and 1-token sequences, GQA, a partial last chunk.
+TEST(CudaChunkedForward, FusedOutput) {
+  REQUIRE_GPU();
+  for (int bv : {16, 32})
+    for (bool varlen : {false, true}) {
+      Case c = base_case(varlen ? 1 : 2, varlen ? 0 : 64 * 4 + 17, 2, 4, 128);
+      c.gate = GateKind::scalar;
+      c.h0 = c.final_state = true;
+      c.qk_l2norm = varlen;
+      if (varlen) c.seqlens = {130, 0, 1, 64, 300};
+      TestData d = make_problem(c);
+      const ForwardResult ref = reference_forward(d);
+      for (bool saved_bf16 : {false, true}) {
+        DecodeOverrides kernel, fused;
+        kernel.chunked_state_columns = fused.chunked_state_columns = bv;
+        kernel.chunked_overlap = 2;
+        fused.chunked_overlap = 3;
+        const DeviceRun want = run_chunked(d, saved_bf16, nullptr, kernel, saved_bf16);
+        const DeviceRun got = run_chunked(d, saved_bf16, nullptr, fused, saved_bf16);
+        const std::string label = "fused output: " + describe(c, d.seed) + " bv " +
+                                  std::to_string(bv) + (saved_bf16 ? " (bf16 saved)" : "");
+        note("fused output", got.r, ref);
+        expect_forward_close(got.r, ref, forward_tolerance(c), label);
+        ASSERT_EQ(got.r.o.size(), want.r.o.size()) << label;
+        for (std::size_t i = 0; i < want.r.o.size(); ++i)
+          ASSERT_EQ(got.r.o[i], want.r.o[i]) << label << ": o element " << i;
+        ASSERT_EQ(got.r.final_state, want.r.final_state) << label << ": final state";
+        if (saved_bf16) {
+          ASSERT_EQ(got.saved, want.saved) << label << ": saved chunk states";
+        }
+      }
+    }
 }
 
 TEST(CudaChunkedForward, LongSequence) {

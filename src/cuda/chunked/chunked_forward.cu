@@ -67,11 +67,12 @@ void launch_prep_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const
   check(cudaGetLastError(), op, "chunk_prep_bf16_kernel launch");
 }
 
-// The unsplit bf16 state pass (state_pass_bf16_kernel.cuh): grid (N, Hv, Dv / BV).
-template <int BV>
+// The unsplit bf16 state pass (state_pass_bf16_kernel.cuh): grid (N, Hv, Dv / BV); FuseOut: it
+// computes the output too.
+template <int BV, bool FuseOut>
 void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::state_pass_bf16_kernel<BV>;
-  constexpr std::size_t smem = chunked::state_bf16_smem_bytes<BV>();
+  const auto kernel = chunked::state_pass_bf16_kernel<BV, FuseOut>;
+  constexpr std::size_t smem = chunked::state_bf16_smem_bytes<BV, FuseOut>();
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / BV)),
@@ -79,10 +80,20 @@ void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, cons
   check(cudaGetLastError(), op, "state_pass_bf16_kernel launch");
 }
 
-// Prep, state pass and output kernels with scratch elements St.
+// Whether the output is computed inside the bf16 state pass (state_pass_bf16_kernel<BV, true>)
+// instead of by chunk_output_kernel: where that pass runs (row factors, Dk = 128, unsplit, not
+// forced to the general pass), when DecodeOverrides::chunked_overlap = 3 (opt-in until measured).
+bool fused_output(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
+                  int smem_optin) {
+  return forced.chunked_overlap == 3 && a.row_factors && prob.Dk == chunked::kStateBf16Dk &&
+         forced.chunked_state_pass != 1 && a.seg_chunks == 0 && a.slots > 0 &&
+         chunked::state_bf16_smem_bytes<32, true>() <= static_cast<std::size_t>(smem_optin);
+}
+
+// Prep, state pass and output kernels with scratch elements St. fuse_out: fused_output's answer.
 template <class St>
 void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced, int sms,
-                 int smem_optin, int dev, cudaStream_t stream, const char* op) {
+                 int smem_optin, int dev, cudaStream_t stream, const char* op, bool fuse_out) {
   // The bf16 prep kernel (prep_bf16_kernel.cuh) where it applies: the row-factor path with
   // 16-byte aligned q, k, v rows.
   bool prep_bf16 = false;
@@ -125,7 +136,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     // rule where the output kernel reads the chunk states with 16-byte copies (cp.async.cg, L2:
     // never a stale L1 line) and there are chunks.
     const bool cg_states = a.states16 != nullptr || a.states_vec;
-    if (forced.chunked_overlap != 1 && cg_states && a.slots > 0 && a.progress_buf) {
+    if (!fuse_out && forced.chunked_overlap != 1 && cg_states && a.slots > 0 && a.progress_buf) {
       a.progress = a.progress_buf;
       a.state_bv = bv;
       check(cudaMemsetAsync(a.progress, 0, sizeof(int) * prob.N * prob.Hv * (prob.Dv / bv), stream),
@@ -138,16 +149,20 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       state_bf16 = a.row_factors && a.Dk == chunked::kStateBf16Dk &&
                    forced.chunked_state_pass != 1 &&
                    chunked::state_bf16_smem_bytes<32>() <= static_cast<std::size_t>(smem_optin);
-    if (state_bf16 && bv == 16)
-      launch_state_bf16<16>(a, dev, stream, op);
+    if (fuse_out && bv == 16)
+      launch_state_bf16<16, true>(a, dev, stream, op);
+    else if (fuse_out)
+      launch_state_bf16<32, true>(a, dev, stream, op);
+    else if (state_bf16 && bv == 16)
+      launch_state_bf16<16, false>(a, dev, stream, op);
     else if (state_bf16)
-      launch_state_bf16<32>(a, dev, stream, op);
+      launch_state_bf16<32, false>(a, dev, stream, op);
     else if (bv == 16)
       chunked::launch_state_kernel<16, St>(a, nbuf, 0, dev, stream, op);
     else
       chunked::launch_state_kernel<32, St>(a, nbuf, 0, dev, stream, op);
   }
-  if (a.slots > 0) {
+  if (a.slots > 0 && !fuse_out) {
     if constexpr (chunked::kX3<St>)
       launch_output<St, false>(a, dev, stream, op);
     else
@@ -204,11 +219,13 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   const bool x3 = prob.dtype == DType::f32;
   const std::int64_t esize = x3 ? 4 : 2;
   const std::int64_t items = a.slots * prob.Hv;
-  const bool own_states = !p.saved.defined();
   // Row factors instead of Qs and Kd: scalar gate, bf16 inputs, no mask (rows past a chunk are
   // the only zero rows), q and k rows 16-byte aligned for cp.async.
   a.row_factors = !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() &&
                   chunked::rows_16byte_aligned(in.q) && chunked::rows_16byte_aligned(in.k);
+  // The output inside the state pass needs no chunk-state rows of its own (only `saved`'s).
+  const bool fuse_out = fused_output(a, prob, overrides, smem_optin);
+  const bool own_states = !p.saved.defined() && !fuse_out;
   const std::int64_t st_elems = items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
                                          (own_states ? prob.Dk * prob.Dv : 0));
   const std::int64_t floats = items * ((a.per_key ? prob.Dk : 1) + (a.row_factors ? 2 * kC : 0));
@@ -240,13 +257,14 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     else
       a.states16 = static_cast<__nv_bfloat16*>(rows);
     a.saved_s0 = prob.Hv * prob.Dk * prob.Dv, a.saved_s1 = prob.Dk * prob.Dv;
-  } else if (p.saved.dtype == DType::bf16) {  // bf16 chunk states (16-bit inputs; validate_saved)
+  } else if (p.saved.defined() && p.saved.dtype == DType::bf16) {
+    // bf16 chunk states (16-bit inputs; validate_saved)
     a.states16 = static_cast<__nv_bfloat16*>(p.saved.data);
     a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
-  } else {
+  } else if (p.saved.defined()) {
     a.saved = static_cast<float*>(p.saved.data);
     a.saved_s0 = p.saved.stride[0], a.saved_s1 = p.saved.stride[1];
-  }
+  }  // else fuse_out without `saved`: the chunk states stay on chip
   if (a.row_factors) {
     a.fq = static_cast<float*>(take(items * kC, 4));
     a.fk = static_cast<float*>(take(items * kC, 4));
@@ -267,9 +285,9 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
     check(cudaGetLastError(), op, "chunk_table_kernel launch");
   }
   if (x3)
-    run_kernels<float>(a, prob, overrides, sms, smem_optin, dev, stream, op);
+    run_kernels<float>(a, prob, overrides, sms, smem_optin, dev, stream, op, false);
   else
-    run_kernels<__nv_bfloat16>(a, prob, overrides, sms, smem_optin, dev, stream, op);
+    run_kernels<__nv_bfloat16>(a, prob, overrides, sms, smem_optin, dev, stream, op, fuse_out);
 }
 
 }  // namespace gdr::cuda

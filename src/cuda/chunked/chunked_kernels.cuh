@@ -914,8 +914,9 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
             const int j = j0 + 8 * nt + 2 * lc;
-            orow[j] = __float2bfloat16_rn(f * acc[nt][2 * hf] + pv[nt][2 * hf]);
-            orow[j + 1] = __float2bfloat16_rn(f * acc[nt][2 * hf + 1] + pv[nt][2 * hf + 1]);
+            orow[j] = __float2bfloat16_rn(__fmaf_rn(f, acc[nt][2 * hf], pv[nt][2 * hf]));
+            orow[j + 1] =
+                __float2bfloat16_rn(__fmaf_rn(f, acc[nt][2 * hf + 1], pv[nt][2 * hf + 1]));
           }
         }
       }

@@ -16,6 +16,17 @@
 // general kernel's bf16 path: no rounding beyond the stored W, U and the raw k rows.
 // Shared memory (bytes, BV = 32): W, k [2][C][Dk + 8] bf16 (69.6 KB), U [2][C][BV + 8] bf16,
 // S hi / lo [Dk][BV + 8] bf16, Vnew hi / lo [C][BV + 8] bf16, fk [2][C] fp32: ~109 KB.
+//
+// FuseOut (DecodeOverrides::chunked_overlap = 3): the chunk's output is computed here too, and
+// chunk_output_kernel is not run: O = diag(fq) (q S) + P Vnew [C, BV] with S the state entering
+// the chunk, on the warp's Vnew tile (r0, j0). q S shares the S fragments of W S (S's hi part, the
+// bf16 chunk state the output kernel reads, one product; given fp32 `saved` also the lo part, as
+// the output kernel's fp32-state path), is formed in the Vnew phase; P Vnew (Vnew rounded to
+// bf16, as stored in U's place for the output kernel) after the second barrier, over the causal
+// k steps. Without `saved` the results are bit-identical to the output kernel's, and neither Vnew
+// nor the chunk states leave the chip (no U write, no bf16 chunk-state rows). The q rows, P and
+// fq join the next chunk's copies. Extra shared memory: q [2][C][Dk + 8], P [2][C][C + 8],
+// Vnew [C][BV + 8] bf16, fq [2][C] fp32: ~59 KB (168 KB at BV = 32).
 #pragma once
 
 #include <cstddef>
@@ -28,20 +39,22 @@ namespace gdr::cuda::chunked {
 inline constexpr int kStateBf16Threads = 256;
 inline constexpr int kStateBf16Dk = 128;
 
-template <int BV>
+template <int BV, bool FuseOut = false>
 constexpr std::size_t state_bf16_smem_bytes() {
-  constexpr std::size_t ldW = kStateBf16Dk + 8, ldB = BV + 8;
-  return 2 * (2 * 2 * kC * ldW + 2 * kC * ldB + 2 * kStateBf16Dk * ldB + 2 * kC * ldB) + 4 * 2 * kC;
+  constexpr std::size_t ldW = kStateBf16Dk + 8, ldB = BV + 8, ldP = kC + 8;
+  constexpr std::size_t base =
+      2 * (2 * 2 * kC * ldW + 2 * kC * ldB + 2 * kStateBf16Dk * ldB + 2 * kC * ldB) + 4 * 2 * kC;
+  return FuseOut ? base + 2 * (2 * kC * ldW + 2 * kC * ldP + kC * ldB) + 4 * 2 * kC : base;
 }
 
 // Not capped below the registers ptxas picks (195 at BV = 32): capped at 168 so that an
 // output-kernel block fits beside it (the overlap), the forward got slower, 1 x 16384 2.21 ->
 // 2.59 ms, 8 x 4096 4.35 -> 4.87, 1 x 65536 9.40 -> 10.55 (H100, 2026-12-06, one machine): the
 // co-resident output blocks slow the pass, which is the critical path at B = 1.
-template <int BV>
+template <int BV, bool FuseOut>
 __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(ChunkArgs a) {
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
-  constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8;
+  constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8, ldP = kC + 8;
   extern __shared__ float4 smem4[];
   __nv_bfloat16* sW = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][C][ldW]
   __nv_bfloat16* sK = sW + 2 * kC * ldW;                        // [2][C][ldW] raw k rows
@@ -50,7 +63,11 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   __nv_bfloat16* sSlo = sShi + Dk * ldB;
   __nv_bfloat16* sVhi = sSlo + Dk * ldB;  // [C][ldB]: diag(fk) Vnew
   __nv_bfloat16* sVlo = sVhi + kC * ldB;
-  float* sfk = reinterpret_cast<float*>(sVlo + kC * ldB);  // [2][C]
+  __nv_bfloat16* sQ = sVlo + kC * ldB;                     // FuseOut: [2][C][ldW] raw q rows
+  __nv_bfloat16* sP = sQ + (FuseOut ? 2 * kC * ldW : 0);   // FuseOut: [2][C][ldP]
+  __nv_bfloat16* sVn = sP + (FuseOut ? 2 * kC * ldP : 0);  // FuseOut: [C][ldB] Vnew (bf16)
+  float* sfk = reinterpret_cast<float*>(sVn + (FuseOut ? kC * ldB : 0));  // [2][C]
+  float* sfq = sfk + 2 * kC;                                              // FuseOut: [2][C]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
@@ -76,7 +93,17 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
     const std::int64_t rem = seq.len - c * kC;
     copy_token_rows(sK + b * kC * ldW, ldW, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC,
                     hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
+    if constexpr (FuseOut) {
+      copy_token_rows(sQ + b * kC * ldW, ldW, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, seq.bos + c * kC,
+                      hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
+      copy_rows(sP + b * kC * ldP, ldP, static_cast<const __nv_bfloat16*>(a.P) + item(c) * kC * kC,
+                kC, kC, kC);
+      copy_rows(sfq + b * kC, kC, a.fq + item(c) * kC, kC, 1, kC);
+    }
   };
+  // FuseOut: q S with S's lo part too where the chunk states are the fp32 record (training), as
+  // the output kernel's fp32-state path; S's hi part alone otherwise (its bf16-state path).
+  const bool out_lo = FuseOut && a.saved != nullptr;
 
   // S: this warp's rows i0 .. i0 + 15; S[nt][e] at row i0 + lg + 8 (e >> 1), column
   // 8 nt + 2 lc + (e & 1) of the slice.
@@ -130,7 +157,8 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
       gn_next = a.gn[item(c + 1)];
     }
     detail::cp_async_commit();
-    if (a.states16) {  // the bf16 chunk-state row: S's hi part is bf16_rn(S)
+    if (a.states16) {  // the bf16 chunk-state row: S's hi part is bf16_rn(S) (FuseOut: only
+                       // into the caller's bf16 record; the host gives no own-scratch rows)
       __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1 + col0;
       for (int e = tid; e < Dk * (BV / 8); e += kStateBf16Threads) {
         const int i = e / (BV / 8), v = e - i * (BV / 8);
@@ -138,10 +166,13 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
             *reinterpret_cast<const uint4*>(sShi + i * ldB + 8 * v);
       }
     }
-    // Vnew = U - W S: the 16 x 16 tile (r0, j0) per warp.
-    if (warp < 4 * (BV / 16)) {
-      const int r0 = 16 * (warp & 3), j0 = 16 * (warp >> 2);
+    // Vnew = U - W S: the 16 x 16 tile (r0, j0) per warp (FuseOut: and q S on the same tile).
+    const bool has_tile = warp < 4 * (BV / 16);
+    const int r0 = 16 * (warp & 3), j0 = 16 * (warp >> 2);
+    float qs[2][4] = {};  // FuseOut: q S of the tile
+    if (has_tile) {
       const __nv_bfloat16* cW = sW + b * kC * ldW + (r0 + (lane & 15)) * ldW + 8 * (lane >> 4);
+      const __nv_bfloat16* cQ = sQ + b * kC * ldW + (r0 + (lane & 15)) * ldW + 8 * (lane >> 4);
       const int b_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ldB + j0 + 8 * (lane >> 4);
       float hi[2][4] = {}, lo[2][4] = {};
 #pragma unroll
@@ -153,6 +184,15 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
         detail::mma_bf16(hi[1], w, bh.z, bh.w);
         detail::mma_bf16(lo[0], w, bl.x, bl.y);
         detail::mma_bf16(lo[1], w, bl.z, bl.w);
+        if constexpr (FuseOut) {
+          const uint4 qa = detail::ldmatrix_x4(cQ + k0);
+          detail::mma_bf16(qs[0], qa, bh.x, bh.y);
+          detail::mma_bf16(qs[1], qa, bh.z, bh.w);
+          if (out_lo) {
+            detail::mma_bf16(qs[0], qa, bl.x, bl.y);
+            detail::mma_bf16(qs[1], qa, bl.z, bl.w);
+          }
+        }
       }
       const __nv_bfloat16* cU = sU + b * kC * ldB;
       const float* cfk = sfk + b * kC;
@@ -166,7 +206,10 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
               __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(cU + r * ldB + j));
           const float v0 = u.x - (hi[nt][2 * hf] + lo[nt][2 * hf]);
           const float v1 = u.y - (hi[nt][2 * hf + 1] + lo[nt][2 * hf + 1]);
-          store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
+          if constexpr (FuseOut)  // the bf16 Vnew the output kernel would read from U's place
+            store_pair(sVn + r * ldB + j, v0, v1);
+          else
+            store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
           const float f = cfk[r];
           std::uint32_t vh, vl;
           detail::split_bf16(f * v0, f * v1, vh, vl);
@@ -202,6 +245,39 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) S[nt][e] += lo[nt][e];
+    }
+    // FuseOut: O = diag(fq) (q S) + P Vnew on the warp's tile, rows < the chunk's length to o
+    // (the output kernel's arithmetic: P Vnew over k blocks <= the row block, one fma per element).
+    if constexpr (FuseOut) {
+      if (has_tile) {
+        const __nv_bfloat16* cP = sP + b * kC * ldP + (r0 + (lane & 15)) * ldP + 8 * (lane >> 4);
+        const int b_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ldB + j0 + 8 * (lane >> 4);
+        float pv[2][4] = {};
+        for (int k0 = 0; k0 <= r0; k0 += 16) {
+          const uint4 pa = detail::ldmatrix_x4(cP + k0);
+          const uint4 vb = detail::ldmatrix_x4_trans(sVn + b_off + k0 * ldB);
+          detail::mma_bf16(pv[0], pa, vb.x, vb.y);
+          detail::mma_bf16(pv[1], pa, vb.z, vb.w);
+        }
+        const std::int64_t rem = seq.len - c * kC;
+        const int len = rem < kC ? static_cast<int>(rem) : kC;
+        const float* cfq = sfq + b * kC;
+        __nv_bfloat16* o16 = static_cast<__nv_bfloat16*>(a.o);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = r0 + lg + 8 * hf;
+          if (r >= len) continue;
+          const float f = cfq[r];
+          __nv_bfloat16* orow =
+              o16 + seq.b * a.o_sb + (seq.bos + c * kC + r) * a.o_st + h * a.o_sh + col0;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const int j = j0 + 8 * nt + 2 * lc;
+            orow[j] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf], pv[nt][2 * hf]));
+            orow[j + 1] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf + 1], pv[nt][2 * hf + 1]));
+          }
+        }
+      }
     }
   }
   cp_async_wait<0>();
