@@ -6,17 +6,19 @@
 // side by side through torch; this program needs only the C++ build.)
 //   cuda_chunked_time [--reps N] [--crossover] [--only I] [--segments S] [--state-bv B]
 //                     [--state-buffers K] [--overlap O] [--prep P] [--state-pass K]
-//                     [--backward [--window W]]
+//                     [--prep-cycles] [--backward [--window W] [--bwd-fused F]
+//                     [--bwd-prefetch P] [--phase-cycles]]
 // --only I times only the I-th shape of the list (0-based; e.g. one shape under nsys),
 // --segments S forces the state pass's segment split (DecodeOverrides::chunked_segments: S chunks
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
 // pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
-// state pass or overlapped with it, --prep 1|2 the general prep kernel or the bf16 one (where it
-// applies), --state-pass 1|2 the general state pass or the bf16 one with the state in registers
-// (where it applies). --backward also times gdr::backward given the forward's saved
-// chunk states (every gradient, from a random dO and dfinal_state) with the default pool's
-// high-water mark over it; --window W forces its chunk slots per window (the A/B of the
-// backward's windows, docs/cuda-chunked.md §Backward memory: e.g. --window 0 against
+// state pass or overlapped with it or 3 inside the bf16 state pass, --prep 1|2 the general prep
+// kernel or the bf16 one (where it applies), --state-pass 1|2 the general state pass or the bf16
+// one with the state in registers (where it applies), --prep-cycles one more call timing the bf16
+// prep kernel's phases (DecodeOverrides::prep_phase_cycles). --backward also times gdr::backward
+// given the forward's saved chunk states (every gradient, from a random dO and dfinal_state) with
+// the default pool's high-water mark over it; --window W forces its chunk slots per window (the A/B
+// of the backward's windows, docs/cuda-chunked.md §Backward memory: e.g. --window 0 against
 // --window 1000000, one window).
 #include <cuda_runtime.h>
 
@@ -24,6 +26,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -57,8 +60,31 @@ struct BackwardTiming {
   double blocks = 0;
 };
 
+// --prep-cycles: one more forward call timing the bf16 prep kernel's phases (clock64 cycles per
+// block, DecodeOverrides::prep_phase_cycles).
+struct PrepCycles {
+  bool on = false;
+  std::vector<double> cycles;  // per block, phases 0 .. kPrepPhaseCounters - 2
+  double blocks = 0;
+};
+
+// counters zeroed on the device, `call` run with them in `timed`, then the per-block averages.
+template <class Call>
+void phase_counters(int n, Call call, std::vector<double>& per_block, double& blocks) {
+  unsigned long long* counters = nullptr;
+  const std::size_t bytes = n * sizeof(unsigned long long);
+  ck(cudaMalloc(reinterpret_cast<void**>(&counters), bytes), "malloc");
+  ck(cudaMemset(counters, 0, bytes), "memset");
+  call(counters);
+  std::vector<unsigned long long> host(n);
+  ck(cudaMemcpy(host.data(), counters, bytes, cudaMemcpyDeviceToHost), "copy counters");
+  cudaFree(counters);
+  blocks = static_cast<double>(host.back());
+  for (int i = 0; i + 1 < n; ++i) per_block.push_back(blocks > 0 ? host[i] / blocks : 0.0);
+}
+
 double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeOverrides& overrides,
-                    bool* ok, BackwardTiming* bwd = nullptr) {
+                    bool* ok, BackwardTiming* bwd = nullptr, PrepCycles* prep = nullptr) {
   using gdr::DType;
   const std::int64_t D = 128, B = s.B, T = s.T, Hk = s.Hk, Hv = s.Hv;
   const std::int64_t N = s.seqlens.empty() ? B : static_cast<std::int64_t>(s.seqlens.size());
@@ -159,6 +185,18 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
     };
     for (int i = 0; i < 3; ++i) gdr::forward(p, cfg);
     time_calls([&] { gdr::forward(p, cfg); }, ms);
+    if (prep && prep->on) {
+      phase_counters(
+          gdr::kPrepPhaseCounters,
+          [&](unsigned long long* counters) {
+            gdr::DecodeOverrides timed = overrides;
+            timed.prep_phase_cycles = counters;
+            gdr::ExecConfig tcfg = cfg;
+            tcfg.decode_overrides = &timed;
+            gdr::forward(p, tcfg);
+          },
+          prep->cycles, prep->blocks);
+    }
     if (bwd) {
       cudaMemPool_t pool;
       ck(cudaDeviceGetMemPool(&pool, 0), "cudaDeviceGetMemPool");
@@ -172,21 +210,16 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
       bwd->ms = bwd_ms[bwd_ms.size() / 2];
       bwd->pool_peak_bytes = static_cast<double>(high);
       if (bwd->phases) {  // one more call, timed per phase inside the fused chunk kernel
-        unsigned long long* counters = nullptr;
-        const std::size_t bytes = gdr::kBackwardPhaseCounters * sizeof(unsigned long long);
-        ck(cudaMalloc(reinterpret_cast<void**>(&counters), bytes), "malloc");
-        ck(cudaMemset(counters, 0, bytes), "memset");
-        gdr::DecodeOverrides timed = overrides;
-        timed.backward_phase_cycles = counters;
-        gdr::ExecConfig tcfg = cfg;
-        tcfg.decode_overrides = &timed;
-        gdr::backward(bp, tcfg);
-        std::vector<unsigned long long> host(gdr::kBackwardPhaseCounters);
-        ck(cudaMemcpy(host.data(), counters, bytes, cudaMemcpyDeviceToHost), "copy counters");
-        cudaFree(counters);
-        bwd->blocks = static_cast<double>(host.back());
-        for (int i = 0; i + 1 < gdr::kBackwardPhaseCounters; ++i)
-          bwd->phase_cycles.push_back(bwd->blocks > 0 ? host[i] / bwd->blocks : 0.0);
+        phase_counters(
+            gdr::kBackwardPhaseCounters,
+            [&](unsigned long long* counters) {
+              gdr::DecodeOverrides timed = overrides;
+              timed.backward_phase_cycles = counters;
+              gdr::ExecConfig tcfg = cfg;
+              tcfg.decode_overrides = &timed;
+              gdr::backward(bp, tcfg);
+            },
+            bwd->phase_cycles, bwd->blocks);
       }
     }
   } catch (const std::exception& e) {
@@ -246,7 +279,10 @@ int main(int argc, char** argv) {
                  "backward: the fused chunk kernel's L2 prefetch of its next phases' operands: "
                  "1 off, 2 on (0 the rule)")
       ->check(CLI::Range(0, 2));
-  bool phase_cycles = false;
+  bool phase_cycles = false, prep_cycles = false;
+  app.add_flag("--prep-cycles", prep_cycles,
+               "one more forward call timing the bf16 prep kernel's phases (clock64 cycles per "
+               "block: prep_phase_cycles, prep_blocks, sm_clock_khz)");
   app.add_flag("--phase-cycles", phase_cycles,
                "with --backward: one more call timing the fused chunk kernel's phases (clock64 "
                "cycles per block: bwd_phase_cycles, bwd_blocks, sm_clock_khz)");
@@ -273,22 +309,35 @@ int main(int argc, char** argv) {
     bool ok;
     BackwardTiming bt;
     bt.phases = phase_cycles;
+    PrepCycles pc;
+    pc.on = prep_cycles;
     const double t =
-        time_forward(s, gdr::Path::chunkwise, reps, overrides, &ok, backward ? &bt : nullptr);
-    char bwd_fields[512] = "";
+        time_forward(s, gdr::Path::chunkwise, reps, overrides, &ok, backward ? &bt : nullptr, &pc);
+    char bwd_fields[768] = "";
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    if (prep_cycles) {
+      int n = std::snprintf(bwd_fields, sizeof bwd_fields,
+                            "\"sm_clock_khz\": %d, \"prep_blocks\": %.0f, \"prep_phase_cycles\": [",
+                            khz, pc.blocks);
+      for (std::size_t j = 0; j < pc.cycles.size(); ++j)
+        n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "%s%.0f", j ? ", " : "",
+                           pc.cycles[j]);
+      std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "], ");
+    }
     if (backward) {
-      int n = std::snprintf(
-          bwd_fields, sizeof bwd_fields,
+      int n = static_cast<int>(std::strlen(bwd_fields));
+      n += std::snprintf(
+          bwd_fields + n, sizeof bwd_fields - n,
           "\"window\": %d, \"bwd_fused\": %d, \"bwd_prefetch\": %d, \"bwd_ms\": %.4f, "
           "\"bwd_pool_peak_bytes\": %.0f, ",
           overrides.chunked_backward_window, overrides.chunked_backward_fused,
           overrides.chunked_backward_prefetch, bt.ms, bt.pool_peak_bytes);
       if (phase_cycles) {
-        int khz = 0;
-        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+        if (!prep_cycles)  // else printed with the prep's cycles
+          n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "\"sm_clock_khz\": %d, ", khz);
         n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n,
-                           "\"sm_clock_khz\": %d, \"bwd_blocks\": %.0f, \"bwd_phase_cycles\": [",
-                           khz, bt.blocks);
+                           "\"bwd_blocks\": %.0f, \"bwd_phase_cycles\": [", bt.blocks);
         for (std::size_t j = 0; j < bt.phase_cycles.size(); ++j)
           n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "%s%.0f", j ? ", " : "",
                              bt.phase_cycles[j]);

@@ -84,8 +84,15 @@ struct DecodeOverrides {
   // C's products, C's row sums and stores, and adds 1 to [8] (the block count);
   // bench/cuda_chunked_time --phase-cycles prints the averages per block.
   unsigned long long* backward_phase_cycles = nullptr;
+  // Diagnostics, not a knob: a device buffer of kPrepPhaseCounters (8) zeroed counters. When set,
+  // thread 0 of every block of the chunked forward's bf16 prep kernel (prep_bf16_kernel.cuh, the
+  // forward's and the backward's recompute) adds the clock64 cycles of each of its phases, 0 .. 6
+  // = the q, k rows' arrival, G and norms, K K^T / Q K^T / P, row factors, Tinv, split factors
+  // and v's arrival, W and U, and adds 1 to [7]; bench/cuda_chunked_time --prep-cycles.
+  unsigned long long* prep_phase_cycles = nullptr;
 };
 
 inline constexpr int kBackwardPhaseCounters = 9;
+inline constexpr int kPrepPhaseCounters = 8;
 
 }  // namespace gdr

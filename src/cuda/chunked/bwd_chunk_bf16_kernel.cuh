@@ -94,16 +94,6 @@ __device__ __forceinline__ void mma_n16(float (&acc)[2][4], uint4 a, uint4 b) {
   detail::mma_bf16(acc[1], a, b.z, b.w);
 }
 
-// Diagnostics (DecodeOverrides::backward_phase_cycles): thread 0 adds the cycles since the last
-// mark to counter `phase` (a reduction, fire and forget); `last` lives in shared memory so that no
-// register stays live across the kernel for it. Nothing happens when `cycles` is null.
-__device__ __forceinline__ void phase_mark(unsigned long long* cycles, long long& last, int phase) {
-  if (cycles == nullptr || threadIdx.x != 0) return;
-  const long long now = clock64();
-  if (phase >= 0) atomicAdd(cycles + phase, static_cast<unsigned long long>(now - last));
-  last = now;
-}
-
 // rows x 128 fp32 (global, row stride 128) -> bf16 shared rows [rows][ld]: 8 elements per unit;
 // with `lo`, the residual x - bf16(x) rounded to bf16 into lo's rows (the pair carries x to
 // ~2^-18 relative, mma_bf16.cuh).

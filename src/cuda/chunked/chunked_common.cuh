@@ -138,7 +138,21 @@ struct ChunkArgs {
   __nv_bfloat16* Qs16;
   __nv_bfloat16* W16;
   int Hk;
+  // Diagnostics, null but when DecodeOverrides::prep_phase_cycles is given: the prep kernel's
+  // clock64 cycles per phase (phase_mark).
+  unsigned long long* phase_cycles;
 };
+
+// Diagnostics (DecodeOverrides::backward_phase_cycles, prep_phase_cycles): thread 0 adds the
+// cycles since the last mark to counter `phase` (a reduction, fire and forget); `last` lives in
+// shared memory so that no register stays live across the kernel for it. Nothing happens when
+// `cycles` is null.
+__device__ __forceinline__ void phase_mark(unsigned long long* cycles, long long& last, int phase) {
+  if (cycles == nullptr || threadIdx.x != 0) return;
+  const long long now = clock64();
+  if (phase >= 0) atomicAdd(cycles + phase, static_cast<unsigned long long>(now - last));
+  last = now;
+}
 
 // DType codes (include/gdr/types.h): f32 0, f16 1, bf16 2.
 __device__ __forceinline__ float load_as_float(const void* p, std::int64_t off, int dtype) {

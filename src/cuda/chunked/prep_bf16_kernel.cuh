@@ -143,6 +143,12 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   const std::int64_t c = slot - seq.slot0;
   const std::int64_t t0 = seq.bos + c * kC;
   const int len = chunk_rows(seq, c);
+  // Phases timed with DecodeOverrides::prep_phase_cycles (kPrepPhaseCounters; thread 0's clock):
+  // 0 the q, k rows' arrival, 1 G and the norms, 2 warp 0's K K^T, Q K^T tile and P, 3 the row
+  // factors (Bwd: Qs, Kd, the normalised rows) and the other tiles, 4 Tinv, 5 the split factors
+  // and the v rows' arrival, 6 W and U (to the block's last warp); [7] the blocks.
+  __shared__ long long phase_last;
+  phase_mark(a.phase_cycles, phase_last, -1);
 
   copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
   copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
@@ -166,6 +172,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   }
   cp_async_wait<1>();  // this thread's q, k copies
   __syncthreads();
+  phase_mark(a.phase_cycles, phase_last, 0);
   if (tid == 0) {  // G in token order, as the CPU paths (the roundings cancel in G_r - G_j)
     float4* g4 = reinterpret_cast<float4*>(sG);
     float s = 0.f;
@@ -199,6 +206,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
     }
   }
   __syncthreads();
+  phase_mark(a.phase_cycles, phase_last, 1);
 
   // K K^T and Q K^T: warp tiles of rows r0 .. r0 + 15 and key columns j0 .. j0 + 31; tiles wholly
   // above the diagonal are zero.
@@ -245,6 +253,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
       }
     }
   }
+  phase_mark(a.phase_cycles, phase_last, 2);  // thread 0's tile (the largest k range)
   if (tid < kC) {  // Qs = diag(fq) q, Kd = diag(fk) k; 0 on rows past the chunk
     const bool valid = tid < len;
     if constexpr (!Bwd) {
@@ -285,7 +294,9 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
     }
   }
   __syncthreads();
+  phase_mark(a.phase_cycles, phase_last, 3);
   unit_lower_inverse(sA, sT);  // into the q rows' space; ends with a barrier
+  phase_mark(a.phase_cycles, phase_last, 4);
 
   // The split factors T_w = Tinv diag(beta e^G nk), T_u = Tinv diag(beta) (bf16 hi + lo pairs).
   for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
@@ -303,9 +314,15 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   }
   cp_async_wait<0>();  // this thread's v copies
   __syncthreads();
+  phase_mark(a.phase_cycles, phase_last, 5);
   split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK,
                     op16 ? a.W16 + pidx * kC * Dk : nullptr);
   split_factor_rows(static_cast<St*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
+  if (a.phase_cycles) {  // the block's end: its last warp to finish
+    __syncthreads();
+    phase_mark(a.phase_cycles, phase_last, 6);
+    if (tid == 0) atomicAdd(a.phase_cycles + 7, 1ull);
+  }
 }
 
 }  // namespace gdr::cuda::chunked
