@@ -185,18 +185,21 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
     };
     for (int i = 0; i < 3; ++i) gdr::forward(p, cfg);
     time_calls([&] { gdr::forward(p, cfg); }, ms);
-    if (prep && prep->on) {
-      phase_counters(
-          gdr::kPrepPhaseCounters,
-          [&](unsigned long long* counters) {
-            gdr::DecodeOverrides timed = overrides;
-            timed.prep_phase_cycles = counters;
-            gdr::ExecConfig tcfg = cfg;
-            tcfg.decode_overrides = &timed;
-            gdr::forward(p, tcfg);
-          },
-          prep->cycles, prep->blocks);
-    }
+    // One call of `run` on this config with the overrides' diagnostic `field` set to the counters.
+    auto counted = [&](unsigned long long* gdr::DecodeOverrides::*field, auto run) {
+      return [&, field, run](unsigned long long* counters) {
+        gdr::DecodeOverrides timed = overrides;
+        timed.*field = counters;
+        gdr::ExecConfig tcfg = cfg;
+        tcfg.decode_overrides = &timed;
+        run(tcfg);
+      };
+    };
+    if (prep && prep->on)
+      phase_counters(gdr::kPrepPhaseCounters,
+                     counted(&gdr::DecodeOverrides::prep_phase_cycles,
+                             [&](const gdr::ExecConfig& c) { gdr::forward(p, c); }),
+                     prep->cycles, prep->blocks);
     if (bwd) {
       cudaMemPool_t pool;
       ck(cudaDeviceGetMemPool(&pool, 0), "cudaDeviceGetMemPool");
@@ -209,18 +212,11 @@ double time_forward(const Shape& s, gdr::Path path, int reps, const gdr::DecodeO
       std::sort(bwd_ms.begin(), bwd_ms.end());
       bwd->ms = bwd_ms[bwd_ms.size() / 2];
       bwd->pool_peak_bytes = static_cast<double>(high);
-      if (bwd->phases) {  // one more call, timed per phase inside the fused chunk kernel
-        phase_counters(
-            gdr::kBackwardPhaseCounters,
-            [&](unsigned long long* counters) {
-              gdr::DecodeOverrides timed = overrides;
-              timed.backward_phase_cycles = counters;
-              gdr::ExecConfig tcfg = cfg;
-              tcfg.decode_overrides = &timed;
-              gdr::backward(bp, tcfg);
-            },
-            bwd->phase_cycles, bwd->blocks);
-      }
+      if (bwd->phases)  // one more call, timed per phase inside the fused chunk kernel
+        phase_counters(gdr::kBackwardPhaseCounters,
+                       counted(&gdr::DecodeOverrides::backward_phase_cycles,
+                               [&](const gdr::ExecConfig& c) { gdr::backward(bp, c); }),
+                       bwd->phase_cycles, bwd->blocks);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", bwd ? "forward / backward" : "forward", e.what());
