@@ -244,6 +244,32 @@ __device__ __forceinline__ int chunk_rows(const SeqInfo& s, std::int64_t c) {
   return rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
 }
 
+// The row-factor path's output of one warp's mma tile, rows r0 + lg and r0 + lg + 8 (those < len)
+// of the chunk starting at token t0, NT x 8 columns from column `col` of value head h:
+// o = fq_r (q S)[r, j] + (P Vnew)[r, j], one fma, rounded to bf16. chunk_output_kernel and
+// state_pass_bf16_kernel<BV, true> both store through it (their outputs are bit-identical).
+template <int NT>
+__device__ __forceinline__ void store_output_tile(const ChunkArgs& a, const SeqInfo& seq,
+                                                  std::int64_t t0, int h, int col, int r0, int len,
+                                                  const float* fq, const float (&qs)[NT][4],
+                                                  const float (&pv)[NT][4]) {
+  const int lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+  __nv_bfloat16* o16 = static_cast<__nv_bfloat16*>(a.o);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + lg + 8 * hf;
+    if (r >= len) continue;
+    const float f = fq[r];
+    __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int j = 8 * nt + 2 * lc;
+      orow[j] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf], pv[nt][2 * hf]));
+      orow[j + 1] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf + 1], pv[nt][2 * hf + 1]));
+    }
+  }
+}
+
 // cu_seqlens values are read on the device only, clamped (common/sequences.cuh).
 __device__ __forceinline__ void seq_bounds(const ChunkArgs& a, std::int64_t n, std::int64_t& bos,
                                            std::int64_t& eos) {

@@ -904,21 +904,7 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(ChunkArgs a) {
           const uint4 b23 = detail::ldmatrix_x4_trans(v16 + (k0 + b_row) * ldV + j0 + 16 + b_col);
           detail::mma_bf16_n32(pv, pa, b01, b23);
         }
-        __nv_bfloat16* o16 = static_cast<__nv_bfloat16*>(a.o);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = r0 + lg + 8 * hf;
-          if (r >= len) continue;
-          const float f = sfq[r];
-          __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col0;
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const int j = j0 + 8 * nt + 2 * lc;
-            orow[j] = __float2bfloat16_rn(__fmaf_rn(f, acc[nt][2 * hf], pv[nt][2 * hf]));
-            orow[j + 1] =
-                __float2bfloat16_rn(__fmaf_rn(f, acc[nt][2 * hf + 1], pv[nt][2 * hf + 1]));
-          }
-        }
+        store_output_tile<4>(a, seq, t0, h, col0 + j0, r0, len, sfq, acc, pv);
       }
       return;
     }

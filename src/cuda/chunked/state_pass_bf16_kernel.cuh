@@ -259,24 +259,8 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
           detail::mma_bf16(pv[0], pa, vb.x, vb.y);
           detail::mma_bf16(pv[1], pa, vb.z, vb.w);
         }
-        const std::int64_t rem = seq.len - c * kC;
-        const int len = rem < kC ? static_cast<int>(rem) : kC;
-        const float* cfq = sfq + b * kC;
-        __nv_bfloat16* o16 = static_cast<__nv_bfloat16*>(a.o);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = r0 + lg + 8 * hf;
-          if (r >= len) continue;
-          const float f = cfq[r];
-          __nv_bfloat16* orow =
-              o16 + seq.b * a.o_sb + (seq.bos + c * kC + r) * a.o_st + h * a.o_sh + col0;
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const int j = j0 + 8 * nt + 2 * lc;
-            orow[j] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf], pv[nt][2 * hf]));
-            orow[j + 1] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf + 1], pv[nt][2 * hf + 1]));
-          }
-        }
+        store_output_tile<2>(a, seq, seq.bos + c * kC, h, col0 + j0, r0, chunk_rows(seq, c),
+                             sfq + b * kC, qs, pv);
       }
     }
   }
