@@ -91,12 +91,12 @@ static __global__ void __launch_bounds__(1024) chunk_table_kernel(ChunkArgs a) {
 }
 
 // Shared memory of chunk_prep_kernel, in floats: sK, sQ [C][ld] (ld = max(Dk, Dv) + 4), sG
-// [C][Dk] (per-key) or [C], sA [C][68], beta [C], valid [C], the inverse norms of q and k [C]
+// [C][Dk + 4] (per-key) or [C], sA [C][68], beta [C], valid [C], the inverse norms of q and k [C]
 // each (1 without qk_l2norm); with v_prefetch then the raw 16-bit v rows [C][Dv + 8], copied
 // with cp.async as the block starts (they arrive while q, k, A and Tinv are computed).
 inline std::size_t prep_smem_bytes(int Dk, int Dv, bool per_key, bool v_prefetch) {
   const int ld = (Dk > Dv ? Dk : Dv) + 4;
-  return sizeof(float) * (2 * kC * ld + (per_key ? kC * Dk : kC) + kC * 68 + 4 * kC) +
+  return sizeof(float) * (2 * kC * ld + (per_key ? kC * (Dk + 4) : kC) + kC * 68 + 4 * kC) +
          (v_prefetch ? sizeof(std::uint16_t) * kC * (Dv + 8) : 0);
 }
 
@@ -112,7 +112,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   float* sK = smem;
   float* sQ = sK + kC * ld;
   float* sG = sQ + kC * ld;
-  float* sA = sG + (PerKey ? kC * Dk : kC);
+  // Per-key log decays [C][ldG]: the row padding keeps the rows of an mma fragment (8 rows,
+  // 4 columns) on distinct banks.
+  const int ldG = PerKey ? Dk + 4 : 1;
+  float* sA = sG + kC * ldG;
   float* sBeta = sA + kC * ldA;
   float* sValid = sBeta + kC;
   float* sNq = sValid + kC;
@@ -223,7 +226,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         float x = gv[u];
         if (a.gate_in_kernel && sValid[r] != 0.f)
           x = negA * softplus(x + (a.dt_bias ? a.dt_bias[h * a.dt_bias_sh + i] : 0.f));
-        sG[r * Dk + i] = floor_log_decay(x);
+        sG[r * ldG + i] = floor_log_decay(x);
       }
     }
   }
@@ -264,8 +267,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     for (int i = tid; i < Dk; i += kThreads) {
       float s = 0.f;
       for (int r = 0; r < kC; ++r) {
-        s += sG[r * Dk + i];
-        sG[r * Dk + i] = s;
+        s += sG[r * ldG + i];
+        sG[r * ldG + i] = s;
       }
     }
   } else {
@@ -284,7 +287,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   const std::int64_t pidx = wslot * a.Hv + h;
   if (a.G_out) {  // backward: G, and the normalised Q, K rows once per key head
     const int wg = PerKey ? Dk : 1;
-    for (int e = tid; e < kC * wg; e += kThreads) a.G_out[pidx * kC * wg + e] = sG[e];
+    for (int e = tid; e < kC * wg; e += kThreads)
+      a.G_out[pidx * kC * wg + e] = PerKey ? sG[(e / Dk) * ldG + e % Dk] : sG[e];
     if (h % a.group == 0) {
       const std::int64_t kidx = (wslot * a.Hk + hk) * kC * Dk;
       for (int e = tid; e < kC * Dk; e += kThreads) {
@@ -317,26 +321,78 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
         if (a.KK_out) a.KK_out[pidx * kC * kC + r * kC + j] = j < r ? gam * kk[nt][e] : 0.f;
       }
   } else {
-    for (int pair = warp; pair < kC * kC; pair += kThreads / 32) {
-      const int r = pair / kC, j = pair - r * kC;
-      float kk = 0.f, qk = 0.f;
-      if (j <= r) {
-        for (int i = lane; i < Dk; i += 32) {
-          const float e = expf(sG[r * Dk + i] - sG[j * Dk + i]) * sK[j * ld + i];
-          kk += sK[r * ld + i] * e;
-          qk += sQ[r * ld + i] * e;
-        }
+    // Per-key gate: X[r, j] = sum_i X_r[i] k_j[i] e^{G_r[i] - G_j[i]} (X = k for A, q for P),
+    // by 16 x 16 blocks (R, J) of rows and columns. Off the diagonal (R > J) with the reference
+    // row p = 16 R (r >= p > j): e^{G_r - G_j} = e^{G_r - G_p} e^{G_p - G_j}, both exponents
+    // <= 0, so the block is a tensor-core product of rows scaled on the fly (warps 0 .. 5, one
+    // block each); the four diagonal blocks elementwise (all warps, four lanes per pair).
+    // Either factor is >= the true decay, so nothing underflows that the direct sum keeps.
+    auto exp_le0 = [](float x) {
+      if constexpr (X3)
+        return expf(x);  // fp32 inputs: the accurate exponential
+      else
+        return __expf(x);  // 16-bit inputs: ~2^-21 relative at these arguments
+    };
+    auto write_pair = [&](int r, int j, float kk, float qk) {
+      sA[r * ldA + j] = j < r ? sBeta[r] * kk : 0.f;
+      Pg[r * kC + j] = to_scratch<St>(j <= r ? a.scale * qk : 0.f);
+      if (a.KK_out) a.KK_out[pidx * kC * kC + r * kC + j] = j < r ? kk : 0.f;
+    };
+    for (int e = tid; e < kC * kC; e += kThreads) {  // above the diagonal: zeros
+      const int r = e / kC, j = e - r * kC;
+      if (j > r) write_pair(r, j, 0.f, 0.f);
+    }
+    if (warp < 6) {  // (R, J) = (1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)
+      const int R = warp < 1 ? 1 : warp < 3 ? 2 : 3;
+      const int J = warp - (R * (R - 1)) / 2;
+      const int p = 16 * R, r0 = 16 * R, j0 = 16 * J;
+      const float* Gp = sG + p * ldG;
+      float kk[2][4] = {}, qk[2][4] = {};
+      auto right = [&](int k, int j) {
+        return sK[(j0 + j) * ld + k] * exp_le0(Gp[k] - sG[(j0 + j) * ldG + k]);
+      };
+      mma_tile<2, X3>(
+          kk, Dk,
+          [&](int i, int k) {
+            return sK[(r0 + i) * ld + k] * exp_le0(sG[(r0 + i) * ldG + k] - Gp[k]);
+          },
+          right);
+      mma_tile<2, X3>(
+          qk, Dk,
+          [&](int i, int k) {
+            return sQ[(r0 + i) * ld + k] * exp_le0(sG[(r0 + i) * ldG + k] - Gp[k]);
+          },
+          right);
 #pragma unroll
-        for (int m = 16; m > 0; m >>= 1) {
-          kk += __shfl_xor_sync(0xffffffffu, kk, m);
-          qk += __shfl_xor_sync(0xffffffffu, qk, m);
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          write_pair(r0 + lg + 8 * (e >> 1), j0 + 8 * nt + 2 * lc + (e & 1), kk[nt][e], qk[nt][e]);
+    }
+    // Diagonal blocks: 4 x 136 pairs j <= r, four lanes per pair (i = quarter, quarter + 4, ...).
+    constexpr int kTriangle = 16 * 17 / 2, kItems = 4 * 4 * kTriangle;
+    for (int base = 0; base < kItems; base += kThreads) {
+      const int item = base + tid, pair = item >> 2, quarter = item & 3;
+      const bool live = item < kItems;
+      int r = 0, j = 0;
+      float kk = 0.f, qk = 0.f;
+      if (live) {
+        const int blk = pair / kTriangle, t = pair - blk * kTriangle;
+        int rr = static_cast<int>((sqrtf(8.f * t + 1.f) - 1.f) * 0.5f);  // t = rr (rr + 1) / 2 + jj
+        if ((rr + 1) * (rr + 2) / 2 <= t) ++rr;
+        if (rr * (rr + 1) / 2 > t) --rr;
+        r = 16 * blk + rr, j = 16 * blk + t - rr * (rr + 1) / 2;
+        for (int i = quarter; i < Dk; i += 4) {
+          const float d = exp_le0(sG[r * ldG + i] - sG[j * ldG + i]) * sK[j * ld + i];
+          kk += sK[r * ld + i] * d;
+          qk += sQ[r * ld + i] * d;
         }
       }
-      if (lane == 0) {
-        sA[r * ldA + j] = j < r ? sBeta[r] * kk : 0.f;
-        Pg[r * kC + j] = to_scratch<St>(a.scale * qk);
-        if (a.KK_out) a.KK_out[pidx * kC * kC + r * kC + j] = j < r ? kk : 0.f;
-      }
+      kk += __shfl_xor_sync(0xffffffffu, kk, 1);
+      qk += __shfl_xor_sync(0xffffffffu, qk, 1);
+      kk += __shfl_xor_sync(0xffffffffu, kk, 2);
+      qk += __shfl_xor_sync(0xffffffffu, qk, 2);
+      if (live && quarter == 0) write_pair(r, j, kk, qk);
     }
   }
   __syncthreads();
@@ -358,8 +414,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
     }
     for (int e = tid; e < (rows ? 0 : kC * Dk); e += kThreads) {
       const int r = e / Dk, i = e - r * Dk;
-      const float G = PerKey ? sG[r * Dk + i] : sG[r];
-      const float Gn = PerKey ? sG[(kC - 1) * Dk + i] : sG[kC - 1];
+      const float G = PerKey ? sG[r * ldG + i] : sG[r];
+      const float Gn = PerKey ? sG[(kC - 1) * ldG + i] : sG[kC - 1];
       const float eg = expf(G);
       const float kv = sK[r * ld + i];
       if (!rows) {
@@ -374,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
       a.fk[pidx * kC + tid] = valid ? expf(sG[kC - 1] - sG[tid]) * sNk[tid] : 0.f;
     }
     if constexpr (PerKey) {
-      for (int i = tid; i < Dk; i += kThreads) a.gn[pidx * Dk + i] = expf(sG[(kC - 1) * Dk + i]);
+      for (int i = tid; i < Dk; i += kThreads) a.gn[pidx * Dk + i] = expf(sG[(kC - 1) * ldG + i]);
     } else {
       if (tid == 0) a.gn[pidx] = expf(sG[kC - 1]);
     }
