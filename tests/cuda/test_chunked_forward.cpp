@@ -347,6 +347,34 @@ TEST(CudaChunkedForward, StatePassKernels) {
       }
 }
 
+// The bf16 state pass on the stored Kd rows (state_pass_bf16_kernel<BV, false, true>: the path
+// without row factors at Dk = 128, the rule) against the general pass (DecodeOverrides::
+// chunked_state_pass = 3 keeps the stored path on it): per-key gates (diag(gn) per state row),
+// masks, f16 inputs, 16 and 32 value columns, both layouts, varlen, the saved chunk states in
+// fp32 and bf16 and the own bf16 ones.
+TEST(CudaChunkedForward, StoredStatePass) {
+  REQUIRE_GPU();
+  for (int pass : {3, 0})
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool varlen = variant == 1 || variant == 3;
+      Case c = base_case(varlen ? 1 : 2, varlen ? 0 : 64 * 4 + 9, 2, 4, 128,
+                         variant == 2 ? DType::f16 : DType::bf16);
+      c.gate = variant == 2 ? GateKind::scalar : GateKind::per_key;
+      c.mask = variant == 1 || variant == 2;
+      c.h0 = c.final_state = true;
+      c.layout = variant == 3 ? StateLayout::v_first : StateLayout::k_first;
+      c.decay = variant == 3 ? Decay::strong : Decay::mild;
+      if (varlen) c.seqlens = {130, 0, 1, 64, 300};
+      DecodeOverrides o;
+      o.chunked_state_pass = pass;
+      o.chunked_state_columns = variant == 0 ? 16 : 32;
+      const std::string family = "stored state pass " + std::to_string(pass);
+      check_chunked(family, c, true, -1, o);
+      check_chunked(family + " (bf16 saved)", c, true, -1, o, true);
+      check_chunked(family + " (own states)", c, false, -1, o);
+    }
+}
+
 // Exact segment split of the state pass (src/core/heuristics.h cuda_chunked_segment_chunks;
 // forced here through DecodeOverrides::chunked_segments: -1 off, n > 0 chunks per segment): a
 // long single sequence, varlen with one long sequence among short, empty and 1-token ones, and

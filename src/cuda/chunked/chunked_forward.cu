@@ -68,10 +68,10 @@ void launch_prep_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const
 }
 
 // The unsplit bf16 state pass (state_pass_bf16_kernel.cuh): grid (N, Hv, Dv / BV); FuseOut: it
-// computes the output too.
-template <int BV, bool FuseOut>
+// computes the output too; Stored: it reads the stored Kd rows (no row factors).
+template <int BV, bool FuseOut, bool Stored = false>
 void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::state_pass_bf16_kernel<BV, FuseOut>;
+  const auto kernel = chunked::state_pass_bf16_kernel<BV, FuseOut, Stored>;
   constexpr std::size_t smem = chunked::state_bf16_smem_bytes<BV, FuseOut>();
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
@@ -143,16 +143,22 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
             op, "cudaMemsetAsync(progress)");
     }
     // The bf16 state pass with the state in registers (state_pass_bf16_kernel.cuh) where it
-    // applies: the row-factor path at Dk = 128.
+    // applies: bf16 scratch at Dk = 128; the row-factor path, or with the stored Kd rows (per-key
+    // gate, masks, f16 inputs) unless DecodeOverrides::chunked_state_pass = 3 keeps those on the
+    // general pass (the A/B).
     bool state_bf16 = false;
+    const bool stored = !a.row_factors;
     if constexpr (sizeof(St) == 2)
-      state_bf16 = a.row_factors && a.Dk == chunked::kStateBf16Dk &&
-                   forced.chunked_state_pass != 1 &&
+      state_bf16 = a.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 &&
+                   !(stored && forced.chunked_state_pass == 3) &&
                    chunked::state_bf16_smem_bytes<32>() <= static_cast<std::size_t>(smem_optin);
     if (fuse_out && bv == 16)
       launch_state_bf16<16, true>(a, dev, stream, op);
     else if (fuse_out)
       launch_state_bf16<32, true>(a, dev, stream, op);
+    else if (state_bf16 && stored)
+      bv == 16 ? launch_state_bf16<16, false, true>(a, dev, stream, op)
+               : launch_state_bf16<32, false, true>(a, dev, stream, op);
     else if (state_bf16 && bv == 16)
       launch_state_bf16<16, false>(a, dev, stream, op);
     else if (state_bf16)

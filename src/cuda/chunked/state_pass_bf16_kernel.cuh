@@ -27,6 +27,12 @@
 // nor the chunk states leave the chip (no U write, no bf16 chunk-state rows). The q rows, P and
 // fq join the next chunk's copies. Extra shared memory: q [2][C][Dk + 8], P [2][C][C + 8],
 // Vnew [C][BV + 8] bf16, fq [2][C] fp32: ~59 KB (168 KB at BV = 32).
+//
+// Stored (the path without row factors: per-key gates, masks, f16 inputs; bf16 scratch): the
+// prep kernel stored Kd = e^{G_n - G} .* K (bf16) and gn per key channel (per-key) or per chunk,
+// so the update reads the Kd rows from scratch in the k rows' place with fk = 1, and scales state
+// row i by gn[i] (the diag(gn) of the per-key gate). The output stays with chunk_output_kernel
+// (its stored-Qs path), which reads the chunk states and Vnew as from the general pass.
 #pragma once
 
 #include <cstddef>
@@ -51,15 +57,16 @@ constexpr std::size_t state_bf16_smem_bytes() {
 // output-kernel block fits beside it (the overlap), the forward got slower, 1 x 16384 2.21 ->
 // 2.59 ms, 8 x 4096 4.35 -> 4.87, 1 x 65536 9.40 -> 10.55 (H100, 2026-12-06, one machine): the
 // co-resident output blocks slow the pass, which is the critical path at B = 1.
-template <int BV, bool FuseOut>
+template <int BV, bool FuseOut, bool Stored = false>
 __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(ChunkArgs a) {
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
+  static_assert(!(FuseOut && Stored), "the stored path's output is chunk_output_kernel's");
   constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8, ldP = kC + 8;
   extern __shared__ float4 smem4[];
   __nv_bfloat16* sW = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][C][ldW]
-  __nv_bfloat16* sK = sW + 2 * kC * ldW;                        // [2][C][ldW] raw k rows
-  __nv_bfloat16* sU = sK + 2 * kC * ldW;                        // [2][C][ldB]
-  __nv_bfloat16* sShi = sU + 2 * kC * ldB;                      // [Dk][ldB]
+  __nv_bfloat16* sK = sW + 2 * kC * ldW;    // [2][C][ldW] raw k rows (Stored: Kd rows)
+  __nv_bfloat16* sU = sK + 2 * kC * ldW;    // [2][C][ldB]
+  __nv_bfloat16* sShi = sU + 2 * kC * ldB;  // [Dk][ldB]
   __nv_bfloat16* sSlo = sShi + Dk * ldB;
   __nv_bfloat16* sVhi = sSlo + Dk * ldB;  // [C][ldB]: diag(fk) Vnew
   __nv_bfloat16* sVlo = sVhi + kC * ldB;
@@ -89,10 +96,15 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
     const int b = static_cast<int>(c & 1);
     copy_rows(sW + b * kC * ldW, ldW, gW + item(c) * kC * Dk, Dk, kC, Dk);
     copy_rows(sU + b * kC * ldB, ldB, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
-    copy_rows(sfk + b * kC, kC, a.fk + item(c) * kC, kC, 1, kC);
     const std::int64_t rem = seq.len - c * kC;
-    copy_token_rows(sK + b * kC * ldW, ldW, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC,
-                    hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
+    if constexpr (Stored) {
+      copy_rows(sK + b * kC * ldW, ldW, static_cast<const __nv_bfloat16*>(a.Kd) + item(c) * kC * Dk,
+                Dk, kC, Dk);
+    } else {
+      copy_rows(sfk + b * kC, kC, a.fk + item(c) * kC, kC, 1, kC);
+      copy_token_rows(sK + b * kC * ldW, ldW, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC,
+                      hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
+    }
     if constexpr (FuseOut) {
       copy_token_rows(sQ + b * kC * ldW, ldW, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, seq.bos + c * kC,
                       hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
@@ -121,17 +133,22 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
       }
       S[nt][e] = s;
     }
-  float gn_next = 0.f;
+  // The chunk's decay of this thread's state rows i0 + lg and i0 + lg + 8 (one per chunk, or
+  // per key channel under the per-key gate).
+  auto decay = [&](std::int64_t c, int hf) {
+    return a.per_key ? a.gn[item(c) * Dk + i0 + lg + 8 * hf] : a.gn[item(c)];
+  };
+  float gn_next[2] = {0.f, 0.f};
   if (chunks > 0) {
     issue(0);
-    gn_next = a.gn[item(0)];
+    gn_next[0] = decay(0, 0), gn_next[1] = decay(0, 1);
   }
   detail::cp_async_commit();
 
   for (std::int64_t c = 0; c < chunks; ++c) {
     const int b = static_cast<int>(c & 1);
     const std::int64_t slot = seq.slot0 + c;
-    const float gn = gn_next;
+    const float gn[2] = {gn_next[0], gn_next[1]};
     // Publish S (hi + lo) for W S; the fp32 chunk-state row straight from the registers.
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -154,7 +171,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
     if (progress && c > 0 && tid == 0) store_release(progress, static_cast<int>(c));
     if (c + 1 < chunks) {
       issue(c + 1);
-      gn_next = a.gn[item(c + 1)];
+      gn_next[0] = decay(c + 1, 0), gn_next[1] = decay(c + 1, 1);
     }
     detail::cp_async_commit();
     if (a.states16) {  // the bf16 chunk-state row: S's hi part is bf16_rn(S) (FuseOut: only
@@ -210,7 +227,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
             store_pair(sVn + r * ldB + j, v0, v1);
           else
             store_pair(Ug + std::int64_t(r) * Dv + j, v0, v1);
-          const float f = cfk[r];
+          const float f = Stored ? 1.f : cfk[r];
           std::uint32_t vh, vl;
           detail::split_bf16(f * v0, f * v1, vh, vl);
           *reinterpret_cast<std::uint32_t*>(sVhi + r * ldB + j) = vh;
@@ -218,13 +235,13 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
         }
     }
     __syncthreads();
-    // S <- gn S + k^T (diag(fk) Vnew) on this warp's rows.
+    // S <- diag(gn) S + k^T (diag(fk) Vnew) on this warp's rows.
     {
       float lo[NT][4] = {};
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) S[nt][e] *= gn;
+        for (int e = 0; e < 4; ++e) S[nt][e] *= gn[e >> 1];
       const __nv_bfloat16* cK =
           sK + b * kC * ldW + ((lane & 7) + 8 * (lane >> 4)) * ldW + i0 + 8 * ((lane >> 3) & 1);
       const int b_off = ((lane & 7) + 8 * ((lane >> 3) & 1)) * ldB + 8 * (lane >> 4);
