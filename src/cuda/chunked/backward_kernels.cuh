@@ -33,7 +33,9 @@
 //     dg_t = sum_{r >= t} dG_r + gn <S, dS>_i + sum_{r < t} d_r Y_r K_r
 //            + sum_{r >= t} sum_{j < t} t[r, j],   dG_r = e_r (X1_r Q_r + beta_r dKb_r K_r),
 //     t[r, j] = dM[r, j] Gam[r, j] X_r Y_j: no O(1) terms that cancel only in exact arithmetic,
-//     so dg keeps its relative accuracy at g = -30.
+//     so dg keeps its relative accuracy at g = -30. Per-key gate: by 16 x 16 blocks, off the
+//     diagonal on the tensor cores through a reference row, the diagonal blocks elementwise
+//     (bwd_key_kernel's phase 2).
 //   Then the chain rules of the fused options (gate in kernel: dL/da = dg_log (-exp(A_log))
 //   softplus'(a + dt_bias), partial sums of dA_log and ddt_bias per chunk; beta sigmoid).
 //
@@ -42,8 +44,8 @@
 // bwd_gate_param_kernel, grid (Hv): dA_log, ddt_bias = sum of the chunks' partials in slot order
 //   (double).
 // Every sum has a fixed order: the results are bitwise reproducible (no atomics).
-// Products on the tensor cores (mma_tile, tf32; 3xTF32 for fp32 inputs); the pairwise terms and
-// gate sums are fp32 FFMA (per-channel loops; the revcumsum in double).
+// Products on the tensor cores (mma_tile, tf32; 3xTF32 for fp32 inputs); the per-key gate's
+// diagonal blocks and the gate sums are fp32 FFMA (per-channel loops; the revcumsum in double).
 #pragma once
 
 #include "cuda/chunked/chunked_kernels.cuh"
@@ -516,15 +518,19 @@ __global__ void __launch_bounds__(kThreads) bwd_dvb_kernel(BwdArgs b) {
 }
 
 // Shared memory of bwd_key_kernel: sChan [Wg] double (per-channel dA_log parts), then floats:
-// sdO [C][Dv + 4], sMq, sMk [C][C + 1], sG [C][Wg], sBeta [C], sRow [C] (per-row dg, scalar gate);
+// sdO [C][Dv + 4] (per-key: [C][max(Dk, Dv) + 4], then sBC [C][Dk + 4]), sMq, sMk [C][C + 1],
+// sG [C][1] or [C][Dk + 4] (per-key), sBeta [C], sRow [C] (per-row dg, scalar gate); per-key also
+// sTot [6][Dk] (the off-diagonal blocks' sums);
 // scalar gate also: sZ [C][C + 1], sPart [3][C][Dk / 16] (row sums of the tiles), sDb [C] (row
 // sums for dbeta), sRed [kThreads / 32] (the warps' parts of <S, dS>).
 inline std::size_t bwd_key_smem_bytes(int Dk, int Dv, bool per_key) {
-  const int wg = per_key ? Dk : 1;
-  const std::size_t scalar_extra =
-      per_key ? 0 : std::size_t(kC) * (kC + 1) + 3 * kC * (Dk / 16) + kC + kThreads / 32;
+  const int wg = per_key ? Dk : 1, ldG = per_key ? Dk + 4 : 1;
+  const int rows = (per_key && Dk > Dv ? Dk : Dv) + 4;
+  const std::size_t extra =
+      per_key ? std::size_t(6) * Dk
+              : std::size_t(kC) * (kC + 1) + 3 * kC * (Dk / 16) + kC + kThreads / 32;
   return sizeof(double) * ((wg + 1) / 2 * 2) +
-         sizeof(float) * (kC * (Dv + 4) + 2 * kC * (kC + 1) + kC * wg + 2 * kC + scalar_extra);
+         sizeof(float) * (kC * rows + 2 * kC * (kC + 1) + kC * ldG + 2 * kC + extra);
 }
 
 __device__ __forceinline__ float softplus_grad(float x) {
@@ -532,21 +538,23 @@ __device__ __forceinline__ float softplus_grad(float x) {
 }
 
 template <bool PerKey, bool X3, bool S16>
-__global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
+__global__ void __launch_bounds__(kThreads, PerKey ? 2 : 1) bwd_key_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int Dk = a.Dk, Dv = a.Dv;
   constexpr int ldM = kC + 1;
   const int wg = PerKey ? Dk : 1;
+  const int ldG = PerKey ? Dk + 4 : 1;  // sG row stride (per-key rows padded: distinct banks)
   const int ld = Dv + 4;
   double* sChan = reinterpret_cast<double*>(smem4);
   float* sdO = smem + 2 * ((wg + 1) / 2 * 2);
-  float* sMq = sdO + kC * ld;
+  float* sMq = sdO + kC * ((PerKey && Dk > Dv ? Dk : Dv) + 4);
   float* sMk = sMq + kC * ldM;
   float* sG = sMk + kC * ldM;
-  float* sBeta = sG + kC * wg;
+  float* sBeta = sG + kC * ldG;
   float* sRow = sBeta + kC;
+  float* sTot = sRow + kC;  // per-key: [6][Dk]
   // Scalar gate only (bwd_key_smem_bytes):
   float* sZ = sRow + kC;
   const int parts = Dk / 16;
@@ -588,7 +596,8 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
     }
     sBeta[tid] = beta;
   }
-  for (int e = tid; e < kC * wg; e += kThreads) sG[e] = a.G_out[pidx * kC * wg + e];
+  for (int e = tid; e < kC * wg; e += kThreads)
+    sG[PerKey ? (e / Dk) * ldG + e % Dk : e] = a.G_out[pidx * kC * wg + e];
   __syncthreads();
   for (int e = tid; e < kC * kC; e += kThreads) {
     const int r = e / kC, j = e - r * kC;
@@ -648,8 +657,8 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + lg + 8 * (e >> 1), i = i0 + 8 * nt + 2 * lc + (e & 1);
-        const float G = sG[r * wg + (PerKey ? i : 0)];
-        const float Gn = sG[(kC - 1) * wg + (PerKey ? i : 0)];
+        const float G = sG[r * ldG + (PerKey ? i : 0)];
+        const float Gn = sG[(kC - 1) * ldG + (PerKey ? i : 0)];
         const float eg = expf(G), d = expf(Gn - G);
         const float q = Qn[r * Dk + i], k = Kn[r * Dk + i], beta = sBeta[r];
         const float X1 = a.scale * x1[nt][e], dkb = -kb[nt][e], Y = y[nt][e];
@@ -737,45 +746,199 @@ __global__ void __launch_bounds__(kThreads) bwd_key_kernel(BwdArgs b) {
     __syncthreads();
   }
 
-  // Phase 2 (per-key gate): per key channel i, the pairwise terms and dg (see the header).
+  // Phase 2 (per-key gate): the pairwise terms dxq, dxk, dyk and dg's double sums
+  //   dgd[t, i] = sum_{r >= t} sum_{j < t} Z_i[r, j],  Z_i[r, j] = Gam_i[r, j] k_j[i] (Mq'[r, j]
+  //   q_r[i] + Mk'[r, j] k_r[i]),  Gam_i[r, j] = e^{G_r[i] - G_j[i]}
+  // by 16 x 16 blocks (R, J) of (r, j). For t in block T the rectangle {r >= t > j} splits into
+  //   (a) r, j in T: elementwise (step B);
+  //   (b) r in blocks > T, j in T, j < t: prefix over j of k_j[i] dyk_off[j, i] (the column sums
+  //       of the blocks above T);
+  //   (c) r in T, r >= t, j in blocks < T: suffix over r of q_r dxq_off + k_r dxk_off (the row
+  //       sums of the blocks left of T);
+  //   (d) r in blocks > T, j in blocks < T: whole blocks' sums (sTot), T = 1, 2 only.
+  // Off the diagonal (step A) with the reference row p = 16 R (r >= p > j): Gam = e^{G_r - G_p}
+  // e^{G_p - G_j}, both exponents <= 0, so the blocks are tensor-core products of rows scaled on
+  // the fly (bench/../tests: the same sums as the per-pair loop; a float64 model of this split
+  // agrees to 1e-16). Every sum has a fixed order; each (row, channel) has one writer per step.
   if constexpr (PerKey) {
-    for (int i = tid; i < Dk; i += kThreads) {
-      float dyk[kC], cs[kC], dgd[kC];
+    auto ex = [](float x) {  // x <= 0
+      if constexpr (X3)
+        return expf(x);
+      else
+        return __expf(x);
+    };
+    float* sBC = sdO;  // [C][ldB]: (b) + (c), then (a) added, then all of dgd (dead dO rows)
+    const int ldB = Dk + 4;
+    // Step A: task = (block B, 32-channel tile). As the row block (B > 0): dxq_off, dxk_off of
+    // its rows (over J < B), the blocks' sums sTot, and (c); as the column block (B < 3):
+    // dyk_off of its rows (over R > B) and (b).
+    for (int task = warp; task < 4 * (Dk / 32); task += kThreads / 32) {
+      const int B = task & 3, c0 = 32 * (task >> 2);
+      const int rb = 16 * B;
+      float ox[4][4] = {}, ok[4][4] = {}, oy[4][4] = {};
+      for (int J = 0; J < B; ++J) {
+        const int p = rb, jb = 16 * J;
+        auto right = [&](int k, int j) {
+          return Kn[(jb + k) * Dk + c0 + j] *
+                 ex(sG[p * ldG + c0 + j] - sG[(jb + k) * ldG + c0 + j]);
+        };
+        float sx[4][4] = {}, sk[4][4] = {};
+        mma_tile<4, X3>(
+            sx, 16, [&](int i, int k) { return sMq[(rb + i) * ldM + jb + k]; }, right);
+        mma_tile<4, X3>(
+            sk, 16, [&](int i, int k) { return sMk[(rb + i) * ldM + jb + k]; }, right);
+        float tot[4][2] = {};  // per column (nt, e & 1): sum over the block's rows
 #pragma unroll
-      for (int j = 0; j < kC; ++j) dyk[j] = cs[j] = dgd[j] = 0.f;
-      const int gi = PerKey ? i : 0;
-      for (int r = len - 1; r >= 0; --r) {
-        const float qr = Qn[r * Dk + i], kr = Kn[r * Dk + i], Gr = sG[r * wg + gi];
-        float dxq = 0.f, dxk = 0.f;
-        for (int j = 0; j <= r; ++j) {
-          const float E = expf(Gr - sG[j * wg + gi]);
-          const float kj = Kn[j * Dk + i];
-          const float mq = sMq[r * ldM + j], mk = sMk[r * ldM + j];
-          dxq += mq * E * kj;
-          dxk += mk * E * kj;
-          const float z = E * (mq * qr + mk * kr);
-          dyk[j] += z;
-          if (j < r) cs[j] += z * kj;
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = rb + lg + 8 * (e >> 1), i = c0 + 8 * nt + 2 * lc + (e & 1);
+            const float f = ex(sG[r * ldG + i] - sG[p * ldG + i]);
+            const float x = f * sx[nt][e], y = f * sk[nt][e];
+            ox[nt][e] += x;
+            ok[nt][e] += y;
+            tot[nt][e & 1] += Qn[r * Dk + i] * x + Kn[r * Dk + i] * y;
+          }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float v = tot[nt][c];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lg == 0) sTot[(B * (B - 1) / 2 + J) * Dk + c0 + 8 * nt + 2 * lc + c] = v;
+          }
+      }
+      for (int R = B + 1; R < 4; ++R) {
+        const int p = 16 * R;
+        float sy[4][4] = {};
+        // Mq'^T (e^{G_r - G_p} q) + Mk'^T (e^{G_r - G_p} k) as one product over 32 k steps.
+        mma_tile<4, X3>(
+            sy, 32,
+            [&](int i, int k) {
+              return k < 16 ? sMq[(p + k) * ldM + rb + i] : sMk[(p + k - 16) * ldM + rb + i];
+            },
+            [&](int k, int j) {
+              const int r = p + (k & 15), i = c0 + j;
+              return (k < 16 ? Qn : Kn)[r * Dk + i] * ex(sG[r * ldG + i] - sG[p * ldG + i]);
+            });
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = rb + lg + 8 * (e >> 1), i = c0 + 8 * nt + 2 * lc + (e & 1);
+            oy[nt][e] += ex(sG[p * ldG + i] - sG[j * ldG + i]) * sy[nt][e];
+          }
+      }
+      // (c): suffix sums over the block's rows of q dxq_off + k dxk_off; (b): exclusive prefix
+      // sums of k dyk_off. Rows lg ("low") and lg + 8 ("high") of each column; scans over lg.
+      auto suffix8 = [&](float x) {  // inclusive, over lg' >= lg
+#pragma unroll
+        for (int d = 1; d < 8; d <<= 1) {
+          const float y = __shfl_down_sync(0xffffffffu, x, 4 * d);
+          if (lg + d < 8) x += y;
         }
-        float s = 0.f;
-        for (int j = 0; j < r; ++j) s += cs[j];
-        dgd[r] += s;
+        return x;
+      };
+      auto prefix8 = [&](float x) {  // inclusive, over lg' <= lg
+#pragma unroll
+        for (int d = 1; d < 8; d <<= 1) {
+          const float y = __shfl_up_sync(0xffffffffu, x, 4 * d);
+          if (lg >= d) x += y;
+        }
+        return x;
+      };
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int i = c0 + 8 * nt + 2 * lc + c;
+          const int rlo = rb + lg, rhi = rlo + 8;
+          float bc_lo = 0.f, bc_hi = 0.f;
+          if (B > 0) {
+            const float lo = Qn[rlo * Dk + i] * ox[nt][c] + Kn[rlo * Dk + i] * ok[nt][c];
+            const float hi = Qn[rhi * Dk + i] * ox[nt][2 + c] + Kn[rhi * Dk + i] * ok[nt][2 + c];
+            const float shi = suffix8(hi);
+            const float total_hi = __shfl_sync(0xffffffffu, shi, lc);  // lane lg = 0
+            bc_lo += suffix8(lo) + total_hi;
+            bc_hi += shi;
+          }
+          if (B < 3) {
+            const float lo = Kn[rlo * Dk + i] * oy[nt][c];
+            const float hi = Kn[rhi * Dk + i] * oy[nt][2 + c];
+            const float plo = prefix8(lo);
+            const float total_lo = __shfl_sync(0xffffffffu, plo, 28 + lc);  // lane lg = 7
+            bc_lo += plo - lo;
+            bc_hi += prefix8(hi) - hi + total_lo;
+          }
+          sBC[rlo * ldB + i] = bc_lo;
+          sBC[rhi * ldB + i] = bc_hi;
+          if (B > 0) {
+            dqh[rlo * Dk + i] += ox[nt][c];
+            dqh[rhi * Dk + i] += ox[nt][2 + c];
+          }
+          dkh[rlo * Dk + i] += ok[nt][c] + oy[nt][c];
+          dkh[rhi * Dk + i] += ok[nt][2 + c] + oy[nt][2 + c];
+        }
+    }
+    __syncthreads();
+    // Step B: the diagonal blocks elementwise, an item per (block, channel): (a) into sBC and the
+    // blocks' own dxq, dxk, dyk (rows r, j in the block, j <= r; rows < len).
+    for (int item = tid; item < 4 * Dk; item += kThreads) {
+      const int B = item / Dk, i = item - B * Dk, rb = 16 * B;
+      float Gd[16], kd[16], dyd[16], cs[16];
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        Gd[m] = sG[(rb + m) * ldG + i];
+        kd[m] = Kn[(rb + m) * Dk + i];
+        dyd[m] = cs[m] = 0.f;
+      }
+#pragma unroll
+      for (int rl = 15; rl >= 0; --rl) {
+        const int r = rb + rl;
+        if (r >= len) continue;
+        const float qr = Qn[r * Dk + i], kr = kd[rl], Gr = Gd[rl];
+        float dxq = 0.f, dxk = 0.f;
+#pragma unroll
+        for (int jl = 0; jl <= rl; ++jl) {
+          const float E = ex(Gr - Gd[jl]);
+          const float mq = sMq[r * ldM + rb + jl], mk = sMk[r * ldM + rb + jl];
+          dxq += mq * E * kd[jl];
+          dxk += mk * E * kd[jl];
+          const float z = E * (mq * qr + mk * kr);
+          dyd[jl] += z;
+          if (jl < rl) cs[jl] += z * kd[jl];
+        }
+        float sa = 0.f;
+#pragma unroll
+        for (int jl = 0; jl < rl; ++jl) sa += cs[jl];
+        sBC[r * ldB + i] += sa;
         dqh[r * Dk + i] += dxq;
         dkh[r * Dk + i] += dxk;
       }
+#pragma unroll
+      for (int m = 0; m < 16; ++m)
+        if (rb + m < len) dkh[(rb + m) * Dk + i] += dyd[m];
+    }
+    __syncthreads();
+    // Step C, per channel in row order: dgd += (d) + sum_{s < t} (d Y k)_s; then with gn_i
+    // <S, dS>_i (row i of the state) the reverse cumulative sum of c1 in double (as before).
+    for (int i = tid; i < Dk; i += kThreads) {
+      const float d1 = sTot[1 * Dk + i] + sTot[3 * Dk + i];  // (R, J) = (2, 0), (3, 0)
+      const float d2 = sTot[3 * Dk + i] + sTot[4 * Dk + i];  // (3, 0), (3, 1)
       float acc = 0.f;
       for (int t = 0; t < len; ++t) {
-        dkh[t * Dk + i] += dyk[t];
-        dgd[t] += acc;
+        const int T = t >> 4;
+        sBC[t * ldB + i] += (T == 1 ? d1 : T == 2 ? d2 : 0.f) + acc;
         acc += yk[t * Dk + i];
       }
-      // gn_i <S, dS>_i (row i of the state).
       float sd = 0.f;
       for (int j = 0; j < Dv; ++j) sd += S[std::int64_t(i) * Dv + j] * dS[std::int64_t(i) * Dv + j];
-      double rc = static_cast<double>(expf(sG[(kC - 1) * wg + gi]) * sd);
+      double rc = static_cast<double>(expf(sG[(kC - 1) * ldG + i]) * sd);
       for (int r = len - 1; r >= 0; --r) {
         rc += static_cast<double>(dgc[r * Dk + i]);
-        dgc[r * Dk + i] = static_cast<float>(rc + static_cast<double>(dgd[r]));
+        dgc[r * Dk + i] = static_cast<float>(rc + static_cast<double>(sBC[r * ldB + i]));
       }
     }
   }
