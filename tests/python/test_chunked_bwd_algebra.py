@@ -61,8 +61,9 @@ def prep(q, k, v, g, beta, dO, scale, per_key):
 
 
 def pairwise(c, dMq, dMk, i, gi, dqh, dkh):
-    """bwd_key_kernel's phase 2 for key channel i: the pairwise terms of P and KK (added to dqh,
-    dkh) and dgd_t = sum_{r >= t} sum_{j < t} t[r, j]."""
+    """The pairwise terms of P and KK for key channel i (added to dqh, dkh) and
+    dgd_t = sum_{r >= t} sum_{j < t} t[r, j], per pair (the scalar gate's sums; the per-key
+    kernel's block form, pairwise_blocks, is checked against it below)."""
     Q, K, G, n = c["Q"], c["K"], c["G"], c["n"]
     dyk, cs, dgd = np.zeros(C), np.zeros(C), np.zeros(C)
     for r in range(n - 1, -1, -1):
@@ -80,6 +81,65 @@ def pairwise(c, dMq, dMk, i, gi, dqh, dkh):
         dkh[r, i] += dxk
     dkh[:n, i] += dyk[:n]
     return dgd
+
+
+B16 = 16  # the per-key kernels' block size: rows and columns of a chunk in 16 x 16 blocks
+
+
+def pairwise_blocks(c, dMq, dMk, dqh, dkh):
+    """bwd_key_kernel's phase 2 under the per-key gate, all channels at once, by 16 x 16 blocks
+    (R, J) of (r, j) as the kernel forms them: off the diagonal through the reference row
+    p = 16 R (e^{G_r - G_j} = e^{G_r - G_p} e^{G_p - G_j}) as matrix products (step A: each block
+    row's dxq, dxk and the blocks' sums, each block column's dyk, and dg's rectangle pieces (c),
+    (b)), the diagonal blocks per pair (step B: (a)), the whole-block sums (d). Returns dgd."""
+    Q, K, G, n = c["Q"], c["K"], c["G"], c["n"]
+    Dk = Q.shape[1]
+    bc = np.zeros((C, Dk))
+    tot = {}
+    for B in range(4):
+        rows = slice(B16 * B, B16 * B + B16)
+        ox, ok, oy = (np.zeros((B16, Dk)) for _ in range(3))
+        for J in range(B):  # the row block: (R, J) = (B, J)
+            p, cols = B16 * B, slice(B16 * J, B16 * J + B16)
+            right = K[cols] * np.exp(G[p] - G[cols])
+            f = np.exp(G[rows] - G[p])
+            sx, sk = f * (dMq[rows, cols] @ right), f * (dMk[rows, cols] @ right)
+            ox, ok = ox + sx, ok + sk
+            tot[(B, J)] = (Q[rows] * sx + K[rows] * sk).sum(0)
+        for R in range(B + 1, 4):  # the column block: (R, J) = (R, B)
+            p, rr = B16 * R, slice(B16 * R, B16 * R + B16)
+            f = np.exp(G[rr] - G[p])
+            oy += np.exp(G[p] - G[rows]) * (dMq[rr, rows].T @ (Q[rr] * f) + dMk[rr, rows].T @ (K[rr] * f))
+        rt, ct = Q[rows] * ox + K[rows] * ok, K[rows] * oy
+        bc[rows] = np.cumsum(rt[::-1], 0)[::-1] + np.cumsum(ct, 0) - ct  # (c) + (b)
+        dqh[rows] += ox
+        dkh[rows] += ok + oy
+    for B in range(4):  # (a), and the diagonal blocks' own pairwise terms
+        for i in range(Dk):
+            dyd, cs = np.zeros(B16), np.zeros(B16)
+            for rl in range(B16 - 1, -1, -1):
+                r = B16 * B + rl
+                if r >= n:
+                    continue
+                dxq = dxk = 0.0
+                for jl in range(rl + 1):
+                    j = B16 * B + jl
+                    E = np.exp(G[r, i] - G[j, i])
+                    z = E * (dMq[r, j] * Q[r, i] + dMk[r, j] * K[r, i])
+                    dxq += dMq[r, j] * E * K[j, i]
+                    dxk += dMk[r, j] * E * K[j, i]
+                    dyd[jl] += z
+                    if jl < rl:
+                        cs[jl] += z * K[j, i]
+                bc[r, i] += cs[:rl].sum()
+                dqh[r, i] += dxq
+                dkh[r, i] += dxk
+            for m in range(B16):
+                if B16 * B + m < n:
+                    dkh[B16 * B + m, i] += dyd[m]
+    bc[B16:2 * B16] += tot[(2, 0)] + tot[(3, 0)]  # (d)
+    bc[2 * B16:3 * B16] += tot[(3, 0)] + tot[(3, 1)]
+    return bc
 
 
 def emulate(q, k, v, g, beta, h0, dO, dht, scale, per_key):
@@ -115,9 +175,14 @@ def emulate(q, k, v, g, beta, h0, dO, dht, scale, per_key):
         dgc, yk, dbk = e * (X1 * Q + b[:, None] * dKb * K), d * Y * K, e * dKb * K
         # phase 2: per channel
         dgf = np.zeros((C, Dk))
+        if per_key:
+            dgd_all = pairwise_blocks(c, dMq, b[:, None] * dA, dqh, dkh)
         for i in range(Dk):
             gi = i if per_key else 0
-            dgd = pairwise(c, dMq, b[:, None] * dA, i, gi, dqh, dkh)
+            if per_key:
+                dgd = dgd_all[:, i].copy()
+            else:
+                dgd = pairwise(c, dMq, b[:, None] * dA, i, gi, dqh, dkh)
             dgd[:n] += np.concatenate([[0.0], np.cumsum(yk[:n - 1, i])])
             acc = np.exp(c["G"][-1, gi]) * (S[i] * dSl[i]).sum()
             for r in range(n - 1, -1, -1):
@@ -156,3 +221,40 @@ def test_kernel_decomposition_matches_autograd(per_key, L, decay):
     for name, x, t in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, leaves):
         ref = t.grad.numpy()
         assert np.linalg.norm(x - ref) / np.linalg.norm(ref) < 1e-12, name
+
+
+@pytest.mark.parametrize("decay", [0.5, 30.0])
+def test_per_key_block_split_matches_pairs(decay):
+    """The per-key kernels' 16 x 16 block split against the per-pair sums on one chunk: the
+    prep's A and P (chunk_prep_kernel) and the backward's phase 2 (pairwise_blocks), with a
+    short chunk (rows past n zero, as the kernels pad them)."""
+    rng = np.random.default_rng(int(decay))
+    Dk, n = 8, 57
+    Q, K = pad(rng.standard_normal((n, Dk)), n), pad(rng.standard_normal((n, Dk)), n)
+    G = np.cumsum(pad(-decay * rng.random((n, Dk)), n), 0)
+    c = {"Q": Q, "K": K, "G": G, "n": n}
+    # prep: A[r, j] = sum_i K_r K_j Gam (j < r), P[r, j] = sum_i Q_r K_j Gam (j <= r)
+    gam = np.exp(np.minimum(G[:, None, :] - G[None, :, :], 0.0))
+    A = np.tril(np.einsum("ri,ji,rji->rj", K, K, gam), -1)
+    P = np.tril(np.einsum("ri,ji,rji->rj", Q, K, gam))
+    A2, P2 = np.zeros((C, C)), np.zeros((C, C))
+    for R in range(4):
+        rows = slice(B16 * R, B16 * R + B16)
+        for J in range(R):
+            p, cols = B16 * R, slice(B16 * J, B16 * J + B16)
+            right, f = K[cols] * np.exp(G[p] - G[cols]), np.exp(G[rows] - G[p])
+            A2[rows, cols], P2[rows, cols] = (K[rows] * f) @ right.T, (Q[rows] * f) @ right.T
+        blk = np.einsum("ri,ji,rji->rj", Q[rows], K[rows], gam[rows, rows])
+        P2[rows, rows] = np.tril(blk)
+        A2[rows, rows] = np.tril(np.einsum("ri,ji,rji->rj", K[rows], K[rows], gam[rows, rows]), -1)
+    assert np.abs(A - A2).max() <= 1e-12 * np.abs(A).max()
+    assert np.abs(P - P2).max() <= 1e-12 * np.abs(P).max()
+    # backward phase 2
+    dMq = np.tril(pad(pad(rng.standard_normal((n, n)), n).T, n).T)
+    dMk = np.tril(pad(pad(rng.standard_normal((n, n)), n).T, n).T, -1)
+    ref = [np.zeros((C, Dk)) for _ in range(2)]
+    dgd = np.stack([pairwise(c, dMq, dMk, i, i, *ref) for i in range(Dk)], 1)
+    got = [np.zeros((C, Dk)) for _ in range(2)]
+    dgd2 = pairwise_blocks(c, dMq, dMk, *got)
+    for x, y in zip(ref + [dgd[:n]], got + [dgd2[:n]]):
+        assert np.abs(x - y).max() <= 1e-12 * np.abs(x).max()

@@ -758,8 +758,9 @@ __global__ void __launch_bounds__(kThreads, PerKey ? 2 : 1) bwd_key_kernel(BwdAr
   //   (d) r in blocks > T, j in blocks < T: whole blocks' sums (sTot), T = 1, 2 only.
   // Off the diagonal (step A) with the reference row p = 16 R (r >= p > j): Gam = e^{G_r - G_p}
   // e^{G_p - G_j}, both exponents <= 0, so the blocks are tensor-core products of rows scaled on
-  // the fly (bench/../tests: the same sums as the per-pair loop; a float64 model of this split
-  // agrees to 1e-16). Every sum has a fixed order; each (row, channel) has one writer per step.
+  // the fly. The same sums as a per-pair loop, reordered (tests/python/test_chunked_bwd_algebra.py
+  // emulates this split in float64 against autograd and the per-pair sums). Every sum has a fixed
+  // order; each (row, channel) has one writer per step.
   if constexpr (PerKey) {
     auto ex = [](float x) {  // x <= 0
       if constexpr (X3)
