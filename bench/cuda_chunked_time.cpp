@@ -249,7 +249,8 @@ int main(int argc, char** argv) {
   app.add_option("--state-bv", overrides.chunked_state_columns,
                  "state pass value columns per block: 16 or 32 (0 the rule)");
   app.add_option("--state-buffers", overrides.chunked_state_buffers,
-                 "state pass W / Kd buffers: 1 or 2 (0 the rule)");
+                 "state pass W / Kd buffers: 1 or 2; 3 or 4 stages of the bf16 pass's copies "
+                 "(0 the rule)");
   app.add_option("--overlap", overrides.chunked_overlap,
                  "output kernel: 1 after the state pass, 2 overlapped, 3 the output inside the "
                  "bf16 state pass where it runs (0 the rule)")

@@ -51,7 +51,9 @@ struct DecodeOverrides {
   int chunked_state_columns = 0;    // the chunked forward's state pass (unsplit): 16 or 32 value
                                     //   columns per block
   int chunked_state_buffers = 0;    // the chunked forward's state pass: 1 or 2 W / Kd buffers
-                                    //   (2 only where the shared memory allows)
+                                    //   (2 only where the shared memory allows); 3 or 4: the
+                                    //   bf16 pass's stages of copies (row-factor path, not with
+                                    //   the output inside it; else 2)
   int chunked_overlap = 0;          // the chunked forward: 1 = the output kernel after the state
                                     //   pass, 2 = overlapped with it where possible (the rule: 2),
                                     //   3 = the output inside the bf16 state pass where that pass

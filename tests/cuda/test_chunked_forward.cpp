@@ -347,6 +347,28 @@ TEST(CudaChunkedForward, StatePassKernels) {
       }
 }
 
+// The bf16 state pass with 3 and 4 stages of copies (DecodeOverrides::chunked_state_buffers; the
+// rule's 2 in StatePassKernels): sequences shorter and longer than the stages, varlen with empty
+// and 1-token sequences, the saved chunk states.
+TEST(CudaChunkedForward, StatePassStages) {
+  REQUIRE_GPU();
+  for (int stages : {3, 4})
+    for (int bv : {16, 32}) {
+      const bool varlen = bv == 16;
+      Case c = base_case(varlen ? 1 : 2, varlen ? 0 : 64 * 6 + 17, 2, 4, 128);
+      c.gate = GateKind::scalar;
+      c.h0 = c.final_state = true;
+      c.layout = stages == 4 ? StateLayout::v_first : StateLayout::k_first;
+      if (varlen) c.seqlens = {130, 0, 1, 64, 300, 65};
+      DecodeOverrides o;
+      o.chunked_state_buffers = stages;
+      o.chunked_state_columns = bv;
+      const std::string family = "state pass stages " + std::to_string(stages);
+      check_chunked(family, c, true, -1, o);
+      check_chunked(family + " (own states)", c, false, -1, o);
+    }
+}
+
 // The bf16 state pass on the stored Kd rows (state_pass_bf16_kernel<BV, false, true>: the path
 // without row factors at Dk = 128, the rule) against the general pass (DecodeOverrides::
 // chunked_state_pass = 3 keeps the stored path on it): per-key gates (diag(gn) per state row),

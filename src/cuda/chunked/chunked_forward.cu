@@ -68,11 +68,12 @@ void launch_prep_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const
 }
 
 // The unsplit bf16 state pass (state_pass_bf16_kernel.cuh): grid (N, Hv, Dv / BV); FuseOut: it
-// computes the output too; Stored: it reads the stored Kd rows (no row factors).
-template <int BV, bool FuseOut, bool Stored = false>
+// computes the output too; Stored: it reads the stored Kd rows (no row factors); NS stages of
+// copies.
+template <int BV, bool FuseOut, bool Stored = false, int NS = 2>
 void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::state_pass_bf16_kernel<BV, FuseOut, Stored>;
-  constexpr std::size_t smem = chunked::state_bf16_smem_bytes<BV, FuseOut>();
+  const auto kernel = chunked::state_pass_bf16_kernel<BV, FuseOut, Stored, NS>;
+  constexpr std::size_t smem = chunked::state_bf16_smem_bytes<BV, FuseOut, NS>();
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / BV)),
@@ -152,6 +153,12 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       state_bf16 = a.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 &&
                    !(stored && forced.chunked_state_pass == 3) &&
                    chunked::state_bf16_smem_bytes<32>() <= static_cast<std::size_t>(smem_optin);
+    // Stages of the bf16 pass's copies: 2 (the rule), or 3 / 4 by DecodeOverrides::
+    // chunked_state_buffers (opt-in until measured; not with the output inside the pass, whose
+    // q and P rows would not fit a third stage).
+    const int stages = forced.chunked_state_buffers == 3 || forced.chunked_state_buffers == 4
+                           ? forced.chunked_state_buffers
+                           : 2;
     if (fuse_out && bv == 16)
       launch_state_bf16<16, true>(a, dev, stream, op);
     else if (fuse_out)
@@ -159,6 +166,12 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     else if (state_bf16 && stored)
       bv == 16 ? launch_state_bf16<16, false, true>(a, dev, stream, op)
                : launch_state_bf16<32, false, true>(a, dev, stream, op);
+    else if (state_bf16 && stages == 3)
+      bv == 16 ? launch_state_bf16<16, false, false, 3>(a, dev, stream, op)
+               : launch_state_bf16<32, false, false, 3>(a, dev, stream, op);
+    else if (state_bf16 && stages == 4)
+      bv == 16 ? launch_state_bf16<16, false, false, 4>(a, dev, stream, op)
+               : launch_state_bf16<32, false, false, 4>(a, dev, stream, op);
     else if (state_bf16 && bv == 16)
       launch_state_bf16<16, false>(a, dev, stream, op);
     else if (state_bf16)

@@ -45,36 +45,38 @@ namespace gdr::cuda::chunked {
 inline constexpr int kStateBf16Threads = 256;
 inline constexpr int kStateBf16Dk = 128;
 
-template <int BV, bool FuseOut = false>
+// NS: stages of the copies (W, U, k rows, fk of chunk c + NS - 1 issued while chunk c computes).
+template <int BV, bool FuseOut = false, int NS = 2>
 constexpr std::size_t state_bf16_smem_bytes() {
   constexpr std::size_t ldW = kStateBf16Dk + 8, ldB = BV + 8, ldP = kC + 8;
   constexpr std::size_t base =
-      2 * (2 * 2 * kC * ldW + 2 * kC * ldB + 2 * kStateBf16Dk * ldB + 2 * kC * ldB) + 4 * 2 * kC;
-  return FuseOut ? base + 2 * (2 * kC * ldW + 2 * kC * ldP + kC * ldB) + 4 * 2 * kC : base;
+      2 * (NS * 2 * kC * ldW + NS * kC * ldB + 2 * kStateBf16Dk * ldB + 2 * kC * ldB) + 4 * NS * kC;
+  return FuseOut ? base + 2 * (NS * kC * ldW + NS * kC * ldP + kC * ldB) + 4 * NS * kC : base;
 }
 
 // Not capped below the registers ptxas picks (195 at BV = 32): capped at 168 so that an
 // output-kernel block fits beside it (the overlap), the forward got slower, 1 x 16384 2.21 ->
 // 2.59 ms, 8 x 4096 4.35 -> 4.87, 1 x 65536 9.40 -> 10.55 (H100, 2026-12-06, one machine): the
 // co-resident output blocks slow the pass, which is the critical path at B = 1.
-template <int BV, bool FuseOut, bool Stored = false>
+template <int BV, bool FuseOut, bool Stored = false, int NS = 2>
 __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(ChunkArgs a) {
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
+  static_assert(NS >= 2 && NS <= 4, "2 to 4 stages of copies");
   static_assert(!(FuseOut && Stored), "the stored path's output is chunk_output_kernel's");
   constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8, ldP = kC + 8;
   extern __shared__ float4 smem4[];
-  __nv_bfloat16* sW = reinterpret_cast<__nv_bfloat16*>(smem4);  // [2][C][ldW]
-  __nv_bfloat16* sK = sW + 2 * kC * ldW;    // [2][C][ldW] raw k rows (Stored: Kd rows)
-  __nv_bfloat16* sU = sK + 2 * kC * ldW;    // [2][C][ldB]
-  __nv_bfloat16* sShi = sU + 2 * kC * ldB;  // [Dk][ldB]
+  __nv_bfloat16* sW = reinterpret_cast<__nv_bfloat16*>(smem4);  // [NS][C][ldW]
+  __nv_bfloat16* sK = sW + NS * kC * ldW;    // [NS][C][ldW] raw k rows (Stored: Kd rows)
+  __nv_bfloat16* sU = sK + NS * kC * ldW;    // [NS][C][ldB]
+  __nv_bfloat16* sShi = sU + NS * kC * ldB;  // [Dk][ldB]
   __nv_bfloat16* sSlo = sShi + Dk * ldB;
   __nv_bfloat16* sVhi = sSlo + Dk * ldB;  // [C][ldB]: diag(fk) Vnew
   __nv_bfloat16* sVlo = sVhi + kC * ldB;
-  __nv_bfloat16* sQ = sVlo + kC * ldB;                     // FuseOut: [2][C][ldW] raw q rows
-  __nv_bfloat16* sP = sQ + (FuseOut ? 2 * kC * ldW : 0);   // FuseOut: [2][C][ldP]
-  __nv_bfloat16* sVn = sP + (FuseOut ? 2 * kC * ldP : 0);  // FuseOut: [C][ldB] Vnew (bf16)
-  float* sfk = reinterpret_cast<float*>(sVn + (FuseOut ? kC * ldB : 0));  // [2][C]
-  float* sfq = sfk + 2 * kC;                                              // FuseOut: [2][C]
+  __nv_bfloat16* sQ = sVlo + kC * ldB;                      // FuseOut: [NS][C][ldW] raw q rows
+  __nv_bfloat16* sP = sQ + (FuseOut ? NS * kC * ldW : 0);   // FuseOut: [NS][C][ldP]
+  __nv_bfloat16* sVn = sP + (FuseOut ? NS * kC * ldP : 0);  // FuseOut: [C][ldB] Vnew (bf16)
+  float* sfk = reinterpret_cast<float*>(sVn + (FuseOut ? kC * ldB : 0));  // [NS][C]
+  float* sfq = sfk + NS * kC;                                             // FuseOut: [NS][C]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   __nv_bfloat16* gU = static_cast<__nv_bfloat16*>(a.U);
   auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
   auto issue = [&](std::int64_t c) {
-    const int b = static_cast<int>(c & 1);
+    const int b = static_cast<int>(c % NS);
     copy_rows(sW + b * kC * ldW, ldW, gW + item(c) * kC * Dk, Dk, kC, Dk);
     copy_rows(sU + b * kC * ldB, ldB, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
     const std::int64_t rem = seq.len - c * kC;
@@ -138,18 +140,27 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   auto decay = [&](std::int64_t c, int hf) {
     return a.per_key ? a.gn[item(c) * Dk + i0 + lg + 8 * hf] : a.gn[item(c)];
   };
-  float gn_next[2] = {0.f, 0.f};
-  if (chunks > 0) {
-    issue(0);
-    gn_next[0] = decay(0, 0), gn_next[1] = decay(0, 1);
+  // Chunks 0 .. NS - 2 in flight before the loop, one commit group each; the decays of the chunks
+  // issued and not yet computed in gn_ring (oldest first).
+  float gn_ring[NS - 1][2];
+#pragma unroll
+  for (int m = 0; m < NS - 1; ++m) {
+    gn_ring[m][0] = gn_ring[m][1] = 0.f;
+    if (m < chunks) {
+      issue(m);
+      gn_ring[m][0] = decay(m, 0), gn_ring[m][1] = decay(m, 1);
+    }
+    detail::cp_async_commit();
   }
-  detail::cp_async_commit();
 
   for (std::int64_t c = 0; c < chunks; ++c) {
-    const int b = static_cast<int>(c & 1);
+    const int b = static_cast<int>(c % NS);
     const std::int64_t slot = seq.slot0 + c;
-    const float gn[2] = {gn_next[0], gn_next[1]};
-    // Publish S (hi + lo) for W S; the fp32 chunk-state row straight from the registers.
+    const float gn[2] = {gn_ring[0][0], gn_ring[0][1]};
+#pragma unroll
+    for (int m = 0; m + 1 < NS - 1; ++m)
+      gn_ring[m][0] = gn_ring[m + 1][0], gn_ring[m][1] = gn_ring[m + 1][1];
+      // Publish S (hi + lo) for W S; the fp32 chunk-state row straight from the registers.
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -165,13 +176,14 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
           rec[j + 1] = S[nt][2 * hf + 1];
         }
       }
-    cp_async_wait<0>();  // chunk c's W, U, k rows, fk (this thread's copies)
+    cp_async_wait<NS - 2>();  // chunk c's W, U, k rows, fk (this thread's copies)
     __syncthreads();
     // Chunk c - 1's Vnew and state row were written by every thread before the barrier.
     if (progress && c > 0 && tid == 0) store_release(progress, static_cast<int>(c));
-    if (c + 1 < chunks) {
-      issue(c + 1);
-      gn_next[0] = decay(c + 1, 0), gn_next[1] = decay(c + 1, 1);
+    // The buffer of chunk c - 1 is free (every thread is past its update): chunk c + NS - 1.
+    if (c + NS - 1 < chunks) {
+      issue(c + NS - 1);
+      gn_ring[NS - 2][0] = decay(c + NS - 1, 0), gn_ring[NS - 2][1] = decay(c + NS - 1, 1);
     }
     detail::cp_async_commit();
     if (a.states16) {  // the bf16 chunk-state row: S's hi part is bf16_rn(S) (FuseOut: only
