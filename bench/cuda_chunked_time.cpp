@@ -13,8 +13,8 @@
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
 // pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
 // state pass or overlapped with it or 3 inside the bf16 state pass, --prep 1|2 the general prep
-// kernel or the bf16 one (where it applies), --state-pass 1|2|3 the general state pass or the bf16
-// one with the state in registers (where it applies; 3: only on the row-factor path),
+// kernel or the bf16 one (where it applies), --state-pass 1|2 the general state pass or the bf16
+// one with the state in registers (wherever it applies, the stored Kd rows included),
 // --prep-cycles one more call timing the bf16 prep kernel's phases
 // (DecodeOverrides::prep_phase_cycles). --backward also times gdr::backward given the forward's
 // saved chunk states (every gradient, from a random dO and dfinal_state) with the default pool's
@@ -258,8 +258,8 @@ int main(int argc, char** argv) {
   app.add_option("--prep", overrides.chunked_prep,
                  "prep kernel: 1 the general one, 2 the bf16 one where it applies (0 the rule)");
   app.add_option("--state-pass", overrides.chunked_state_pass,
-                 "state pass: 1 the general one, 2 the bf16 one with the state in registers where "
-                 "it applies, 3 the bf16 one on the row-factor path only (0 the rule)");
+                 "state pass: 1 the general one, 2 the bf16 one with the state in registers "
+                 "wherever it applies, also on the stored Kd rows (0 the rule)");
   bool backward = false;
   app.add_flag("--backward", backward,
                "also time gdr::backward given the forward's saved chunk states (bwd_ms, and the "

@@ -65,9 +65,8 @@ struct DecodeOverrides {
                                     //   applies (the rule: row factors, 16-byte aligned rows)
   int chunked_state_pass = 0;       // the chunked forward's unsplit state pass: 1 = the general
                                     //   one (state in shared memory), 2 = the bf16 one with the
-                                    //   state in registers where it applies (the rule: bf16
-                                    //   scratch, Dk = 128), 3 = the bf16 one only on the
-                                    //   row-factor path (the stored-Kd path on the general one)
+                                    //   state in registers wherever it applies (bf16 scratch,
+                                    //   Dk = 128; the rule: on the row-factor path only)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

@@ -144,14 +144,14 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
             op, "cudaMemsetAsync(progress)");
     }
     // The bf16 state pass with the state in registers (state_pass_bf16_kernel.cuh) where it
-    // applies: bf16 scratch at Dk = 128; the row-factor path, or with the stored Kd rows (per-key
-    // gate, masks, f16 inputs) unless DecodeOverrides::chunked_state_pass = 3 keeps those on the
-    // general pass (the A/B).
+    // applies: bf16 scratch at Dk = 128; by rule on the row-factor path, on the stored Kd rows
+    // (per-key gate, masks, f16 inputs) only when DecodeOverrides::chunked_state_pass = 2 asks
+    // (opt-in until it has run on a GPU and been measured against the general pass).
     bool state_bf16 = false;
     const bool stored = !a.row_factors;
     if constexpr (sizeof(St) == 2)
       state_bf16 = a.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 &&
-                   !(stored && forced.chunked_state_pass == 3) &&
+                   (!stored || forced.chunked_state_pass == 2) &&
                    chunked::state_bf16_smem_bytes<32>() <= static_cast<std::size_t>(smem_optin);
     // Stages of the bf16 pass's copies: 2 (the rule), or 3 / 4 by DecodeOverrides::
     // chunked_state_buffers (opt-in until measured; not with the output inside the pass, whose
