@@ -55,9 +55,9 @@ struct DecodeOverrides {
                                     //   bf16 pass's stages of copies (row-factor path, not with
                                     //   the output inside it; else 2)
   int chunked_overlap = 0;          // the chunked forward: 1 = the output kernel after the state
-                                    //   pass, 2 = overlapped with it where possible (the rule: 2),
-                                    //   3 = the output inside the bf16 state pass where that pass
-                                    //   runs (else 2; opt-in until measured)
+                                    //   pass, 2 = overlapped with it where possible, 3 = the
+                                    //   output inside the bf16 state pass where that pass runs
+                                    //   (else 2; the rule: 3)
   int chunked_backward_window = 0;  // the chunked backward given the forward's chunk states:
                                     //   chunk slots per window of its per-chunk scratch (> 0)
   int chunked_prep = 0;             // the chunked forward's prep kernel: 1 = the general one
@@ -66,7 +66,7 @@ struct DecodeOverrides {
   int chunked_state_pass = 0;       // the chunked forward's unsplit state pass: 1 = the general
                                     //   one (state in shared memory), 2 = the bf16 one with the
                                     //   state in registers wherever it applies (bf16 scratch,
-                                    //   Dk = 128; the rule: on the row-factor path only)
+                                    //   Dk = 128; the rule: 2)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,
@@ -76,7 +76,8 @@ struct DecodeOverrides {
                                     //   16-byte aligned q, k, v rows), 3 = the general reverse
                                     //   pass, 4 = the fp32 prep, 5 = 2 with the reverse pass's
                                     //   operands written in bf16 by the prep given the forward's
-                                    //   states (bit-identical to 2; opt-in until measured)
+                                    //   states (bit-identical to 2; the rule: 5 where it
+                                    //   applies, else 2)
   int chunked_backward_prefetch = 0;  // the fused backward chunk kernel: 1 = no L2 prefetch,
                                       //   2 = each block prefetches its next phases' operands
                                       //   into L2 (bulk prefetch; the rule: 1 until measured)

@@ -83,11 +83,15 @@ void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, cons
 
 // Whether the output is computed inside the bf16 state pass (state_pass_bf16_kernel<BV, true>)
 // instead of by chunk_output_kernel: where that pass runs (row factors, Dk = 128, unsplit, not
-// forced to the general pass), when DecodeOverrides::chunked_overlap = 3 (opt-in until measured).
+// forced to the general pass), unless DecodeOverrides::chunked_overlap = 1 or 2 asks for the output
+// kernel. The rule since 350ff10 (H100, ef0210b, bench/results/2026-12-07-chunk-knobs-h100-ef0210b
+// .json): 16-24% less time than the overlapped output kernel on every scalar-gate benchmark row
+// (1 x 16384: 2.52 -> 2.12 ms, 8 x 4096: 5.04 -> 4.02, 1 x 65536: 9.52 -> 7.67).
 bool fused_output(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
                   int smem_optin) {
-  return forced.chunked_overlap == 3 && a.row_factors && prob.Dk == chunked::kStateBf16Dk &&
-         forced.chunked_state_pass != 1 && a.seg_chunks == 0 && a.slots > 0 &&
+  return forced.chunked_overlap != 1 && forced.chunked_overlap != 2 && a.row_factors &&
+         prob.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 && a.seg_chunks == 0 &&
+         a.slots > 0 &&
          chunked::state_bf16_smem_bytes<32, true>() <= static_cast<std::size_t>(smem_optin);
 }
 
@@ -144,14 +148,14 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
             op, "cudaMemsetAsync(progress)");
     }
     // The bf16 state pass with the state in registers (state_pass_bf16_kernel.cuh) where it
-    // applies: bf16 scratch at Dk = 128; by rule on the row-factor path, on the stored Kd rows
-    // (per-key gate, masks, f16 inputs) only when DecodeOverrides::chunked_state_pass = 2 asks
-    // (opt-in until it has run on a GPU and been measured against the general pass).
+    // applies: bf16 scratch at Dk = 128, on the row-factor path and on the stored Kd rows
+    // (per-key gate, masks, f16 inputs; the rule there since 350ff10: per-key 1 x 16384 on an
+    // H100 5.86 -> 5.31 ms against the general pass); DecodeOverrides::chunked_state_pass = 1
+    // forces the general pass.
     bool state_bf16 = false;
     const bool stored = !a.row_factors;
     if constexpr (sizeof(St) == 2)
       state_bf16 = a.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 &&
-                   (!stored || forced.chunked_state_pass == 2) &&
                    chunked::state_bf16_smem_bytes<32>() <= static_cast<std::size_t>(smem_optin);
     // Stages of the bf16 pass's copies: 2 (the rule), or 3 / 4 by DecodeOverrides::
     // chunked_state_buffers (opt-in until measured; not with the output inside the pass, whose
