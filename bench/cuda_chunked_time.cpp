@@ -6,7 +6,7 @@
 // side by side through torch; this program needs only the C++ build.)
 //   cuda_chunked_time [--reps N] [--crossover] [--only I] [--segments S] [--state-bv B]
 //                     [--state-buffers K] [--overlap O] [--prep P] [--state-pass K]
-//                     [--prep-cycles] [--backward [--window W] [--bwd-fused F]
+//                     [--tinv T] [--prep-cycles] [--backward [--window W] [--bwd-fused F]
 //                     [--bwd-prefetch P] [--phase-cycles]]
 // --only I times only the I-th shape of the list (0-based; e.g. one shape under nsys),
 // --segments S forces the state pass's segment split (DecodeOverrides::chunked_segments: S chunks
@@ -15,6 +15,7 @@
 // state pass or overlapped with it or 3 inside the bf16 state pass, --prep 1|2 the general prep
 // kernel or the bf16 one (where it applies), --state-pass 1|2 the general state pass or the bf16
 // one with the state in registers (wherever it applies, the stored Kd rows included),
+// --tinv 1|2 the prep kernels' Tinv by lanes or by columns (DecodeOverrides::chunked_tinv),
 // --prep-cycles one more call timing the bf16 prep kernel's phases
 // (DecodeOverrides::prep_phase_cycles). --backward also times gdr::backward given the forward's
 // saved chunk states (every gradient, from a random dO and dfinal_state) with the default pool's
@@ -260,6 +261,9 @@ int main(int argc, char** argv) {
   app.add_option("--state-pass", overrides.chunked_state_pass,
                  "state pass: 1 the general one, 2 the bf16 one with the state in registers "
                  "wherever it applies, also on the stored Kd rows (0 the rule)");
+  app.add_option("--tinv", overrides.chunked_tinv,
+                 "prep kernels' Tinv: 1 by lanes, 2 by columns (0 the rule)")
+      ->check(CLI::Range(0, 2));
   bool backward = false;
   app.add_flag("--backward", backward,
                "also time gdr::backward given the forward's saved chunk states (bwd_ms, and the "
@@ -346,13 +350,13 @@ int main(int argc, char** argv) {
         "{\"device\": \"%s\", \"path\": \"chunkwise\", \"B\": %lld, \"T\": %lld, \"Hk\": %lld, "
         "\"Hv\": %lld, \"gate\": \"%s\", \"varlen\": %s, \"segments\": %d, \"state_bv\": %d, "
         "\"state_buffers\": %d, \"overlap\": %d, \"prep\": %d, \"state_pass\": %d, "
-        "\"ms\": %.4f, %s"
+        "\"tinv\": %d, \"ms\": %.4f, %s"
         "\"ok\": %s}\n",
         prop.name, (long long)s.B, (long long)s.T, (long long)s.Hk, (long long)s.Hv,
         s.per_key ? "per_key" : "scalar", s.seqlens.empty() ? "false" : "true",
         overrides.chunked_segments, overrides.chunked_state_columns,
         overrides.chunked_state_buffers, overrides.chunked_overlap, overrides.chunked_prep,
-        overrides.chunked_state_pass, t, bwd_fields, ok ? "true" : "false");
+        overrides.chunked_state_pass, overrides.chunked_tinv, t, bwd_fields, ok ? "true" : "false");
     std::fflush(stdout);
   }
   if (crossover && only < 0) {

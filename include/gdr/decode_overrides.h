@@ -78,6 +78,9 @@ struct DecodeOverrides {
                                     //   operands written in bf16 by the prep given the forward's
                                     //   states (bit-identical to 2; the rule: 5 where it
                                     //   applies, else 2)
+  int chunked_tinv = 0;             // the chunked prep kernels' Tinv (forward and the backward's
+                                    //   recompute): 1 = by lanes (the rule), 2 = by columns
+                                    //   (a thread per column, registers; opt-in until measured)
   int chunked_backward_prefetch = 0;  // the fused backward chunk kernel: 1 = no L2 prefetch,
                                       //   2 = each block prefetches its next phases' operands
                                       //   into L2 (bulk prefetch; the rule: 1 until measured)

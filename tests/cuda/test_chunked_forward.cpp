@@ -317,6 +317,40 @@ TEST(CudaChunkedForward, PrepKernels) {
     }
 }
 
+// Tinv by columns (tinv.cuh, DecodeOverrides::chunked_tinv = 2) against the float64 reference in
+// every prep kernel that inverts: the bf16 prep (row factors), the general prep with bf16 scratch
+// (per-key gate, a mask) and with fp32 scratch (fp32 inputs, 3xTF32), at mild, extreme and
+// g = -30 decay, beta 1 (the largest A), head dims 64 and 128, varlen with empty and 1-token
+// sequences.
+TEST(CudaChunkedForward, TinvByColumns) {
+  REQUIRE_GPU();
+  for (int variant = 0; variant < 4; ++variant)
+    for (Decay decay : {Decay::mild, Decay::extreme}) {
+      const bool varlen = variant == 2;
+      Case c = base_case(varlen ? 1 : 2, varlen ? 0 : 64 * 3 + 7, 2, 4, variant == 3 ? 64 : 128,
+                         variant == 3 ? DType::f32 : DType::bf16);
+      c.gate = variant == 1 ? GateKind::per_key : GateKind::scalar;
+      c.mask = variant == 2;
+      c.decay = decay;
+      c.h0 = c.final_state = true;
+      if (varlen) c.seqlens = {0, 1, 130, 64, 65};
+      DecodeOverrides o;
+      o.chunked_tinv = 2;
+      check_chunked("tinv by columns", c, variant != 1, -1, o);
+    }
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c = base_case(1, 64 * 2 + 33, 1, 2, 128);
+    c.gate = gate;
+    TestData d = make_problem(c);
+    d.beta.fill(1.0);
+    DecodeOverrides o;
+    o.chunked_tinv = 2;
+    check_chunked("tinv by columns, beta 1", d, false, -1, o);
+    d.g.fill(-30.0);
+    check_chunked("tinv by columns, beta 1, g=-30", d, false, -1, o);
+  }
+}
+
 // The two unsplit state passes of the row-factor path at Dk = 128: the general one (state in
 // shared memory; DecodeOverrides::chunked_state_pass = 1) and the bf16 one with the state in
 // registers (state_pass_bf16_kernel.cuh, the rule), at 16 and 32 value columns per block, the

@@ -138,6 +138,9 @@ struct ChunkArgs {
   __nv_bfloat16* Qs16;
   __nv_bfloat16* W16;
   int Hk;
+  // Tinv's schedule in the prep kernels (tinv.cuh): false by lanes (the rule), true by columns
+  // (DecodeOverrides::chunked_tinv = 2).
+  bool tinv_by_columns;
   // Diagnostics, null but when DecodeOverrides::prep_phase_cycles is given: the prep kernel's
   // clock64 cycles per phase (phase_mark).
   unsigned long long* phase_cycles;

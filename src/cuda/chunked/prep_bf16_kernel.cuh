@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   }
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 3);
-  unit_lower_inverse(sA, sT);  // into the q rows' space; ends with a barrier
+  unit_lower_inverse(sA, sT, a.tinv_by_columns);  // into the q rows' space; ends with a barrier
   phase_mark(a.phase_cycles, phase_last, 4);
 
   // The split factors T_w = Tinv diag(beta e^G nk), T_u = Tinv diag(beta) (bf16 hi + lo pairs).
