@@ -83,7 +83,8 @@ struct DecodeOverrides {
                                     //   (a thread per column, registers; opt-in until measured)
   int chunked_backward_prefetch = 0;  // the fused backward chunk kernel: 1 = no L2 prefetch,
                                       //   2 = each block prefetches its next phases' operands
-                                      //   into L2 (bulk prefetch; the rule: 1 until measured)
+                                      //   into L2 (bulk prefetch; the rule: 1, 2 measured
+                                      //   3-4 % slower on an H100, 2026-12-07)
   // Diagnostics, not a knob: a device buffer of kBackwardPhaseCounters (9) zeroed counters. When
   // set, thread 0 of every block of the fused backward chunk kernel (bwd_chunk_bf16_kernel.cuh)
   // adds the clock64 cycles of each of its phases, 0 .. 7 = staging and Vnew, Y, A0, A1, A2, B,
