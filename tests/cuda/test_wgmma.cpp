@@ -8,9 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/common/wgmma_probe.h"
@@ -20,61 +19,40 @@
 namespace gdr::test {
 namespace {
 
-std::uint16_t to_bf16_bits(float x) {  // round to nearest even (finite inputs)
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-double from_bf16_bits(std::uint16_t b) {
-  const std::uint32_t u = std::uint32_t(b) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 TEST(CudaWgmma, Probe) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(20261207);
-  std::normal_distribution<float> normal;
+  std::normal_distribution<double> normal;
   for (int N : {32, 64})
     for (int K : {16, 128})
       for (bool n_major : {false, true}) {
-        std::vector<std::uint16_t> a(64 * K), b(N * K);
-        for (auto& x : a) x = to_bf16_bits(normal(rng));
-        for (auto& x : b) x = to_bf16_bits(normal(rng));
-        // B's element (k, n): b[n K + k] K-major, b[k N + n] MN-major.
-        auto bkn = [&](int k, int n) {
-          return from_bf16_bits(n_major ? b[k * N + n] : b[n * K + k]);
-        };
+        // A [64][K]; B [K][N] MN-major or [N][K] K-major; both rounded to bf16 as they are set.
+        HostTensor a(DType::bf16, {64, K});
+        HostTensor b(DType::bf16,
+                     n_major ? std::vector<std::int64_t>{K, N} : std::vector<std::int64_t>{N, K});
+        for (std::int64_t i = 0; i < a.numel(); ++i) a.set(i, normal(rng));
+        for (std::int64_t i = 0; i < b.numel(); ++i) b.set(i, normal(rng));
+        auto bkn = [&](int k, int n) { return b.get(n_major ? k * N + n : n * K + k); };
         std::vector<double> want(64 * N, 0.0);
         for (int r = 0; r < 64; ++r)
           for (int n = 0; n < N; ++n)
-            for (int k = 0; k < K; ++k) want[r * N + n] += from_bf16_bits(a[r * K + k]) * bkn(k, n);
-        std::uint16_t *da = nullptr, *db = nullptr;
-        float* dd = nullptr;
-        ASSERT_EQ(cudaMalloc(&da, a.size() * 2), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&db, b.size() * 2), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&dd, want.size() * 4), cudaSuccess);
-        cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
-        cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
-        cudaMemset(dd, 0xff, want.size() * 4);  // poisoned: NaN where nothing is written
-        const int err = cuda::detail::wgmma_probe_gemm(da, db, dd, N, K, n_major);
-        std::vector<float> got(want.size());
-        cudaMemcpy(got.data(), dd, got.size() * 4, cudaMemcpyDeviceToHost);
-        cudaFree(da);
-        cudaFree(db);
-        cudaFree(dd);
+            for (int k = 0; k < K; ++k) want[r * N + n] += a.get(r * K + k) * bkn(k, n);
+        HostTensor d(DType::f32, {64, N});
+        d.poison();  // NaN where nothing is written
+        DeviceMirror m;
+        const TensorView da = m.to_device(a.view()), db = m.to_device(b.view());
+        const TensorView dd = m.to_device(d.view());
+        const int err = cuda::detail::wgmma_probe_gemm(static_cast<const std::uint16_t*>(da.data),
+                                                       static_cast<const std::uint16_t*>(db.data),
+                                                       static_cast<float*>(dd.data), N, K, n_major);
         const std::string label = "N " + std::to_string(N) + " K " + std::to_string(K) +
                                   (n_major ? " B MN-major" : " B K-major");
         ASSERT_EQ(err, 0) << label << ": " << cudaGetErrorString(static_cast<cudaError_t>(err));
-        double num = 0, den = 0;
-        for (std::size_t i = 0; i < want.size(); ++i) {
+        DeviceMirror::to_host(dd, d.view());
+        const std::vector<double> got = d.to_double();
+        for (std::size_t i = 0; i < got.size(); ++i)
           ASSERT_TRUE(std::isfinite(got[i])) << label << ": D[" << i / N << "][" << i % N << "]";
-          num += (got[i] - want[i]) * (got[i] - want[i]);
-          den += want[i] * want[i];
-        }
-        EXPECT_LT(std::sqrt(num / den), 1e-5) << label;
+        EXPECT_LT(rel_error(got, want), 1e-5) << label;
       }
 }
 
