@@ -172,10 +172,7 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
 
   BwdArgs b{};
   b.c = chunked::chunk_inputs(prob, in, p.opts, op);
-  if (config.decode_overrides) {
-    b.c.phase_cycles = config.decode_overrides->prep_phase_cycles;
-    b.c.tinv_by_columns = config.decode_overrides->chunked_tinv == 2;
-  }
+  chunked::take_prep_overrides(b.c, config.decode_overrides);
   chunked::ChunkArgs& a = b.c;
   b.dout = p.dout.data;
   b.do_sb = p.dout.stride[0], b.do_st = p.dout.stride[1], b.do_sh = p.dout.stride[2];

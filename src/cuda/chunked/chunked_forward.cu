@@ -205,10 +205,7 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   const auto stream = static_cast<cudaStream_t>(config.stream);
 
   ChunkArgs a = chunked::chunk_inputs(prob, in, p.opts, op);
-  if (config.decode_overrides) {
-    a.phase_cycles = config.decode_overrides->prep_phase_cycles;
-    a.tinv_by_columns = config.decode_overrides->chunked_tinv == 2;
-  }
+  chunked::take_prep_overrides(a, config.decode_overrides);
   a.o = p.o.data;
   a.o_sb = p.o.stride[0], a.o_st = p.o.stride[1], a.o_sh = p.o.stride[2];
   if (p.final_state.defined()) {

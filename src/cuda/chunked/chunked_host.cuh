@@ -11,6 +11,7 @@
 
 #include "cuda/chunked/chunked_kernels.cuh"
 #include "cuda/common/launch.h"
+#include "gdr/decode_overrides.h"
 #include "gdr/params.h"
 #include "gdr/problem.h"
 
@@ -78,6 +79,14 @@ inline ChunkArgs chunk_inputs(const Problem& prob, const Inputs& in, const Optio
   if (a.slots > INT_MAX) refuse(op, "too many chunks for one call");
   a.slot_base = 0, a.slot_end = INT64_MAX;  // one window: every slot
   return a;
+}
+
+// The prep kernels' diagnostic and schedule overrides (DecodeOverrides::prep_phase_cycles,
+// chunked_tinv), for the forward's prep and the backward's recompute alike; null: the rules.
+inline void take_prep_overrides(ChunkArgs& a, const DecodeOverrides* forced) {
+  if (!forced) return;
+  a.phase_cycles = forced->prep_phase_cycles;
+  a.tinv_by_columns = forced->chunked_tinv == 2;
 }
 
 // Chunk slots of the launch's window [slot_base, min(slot_end, slots)) (chunked_common.cuh).
