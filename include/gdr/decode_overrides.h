@@ -66,7 +66,9 @@ struct DecodeOverrides {
   int chunked_state_pass = 0;       // the chunked forward's unsplit state pass: 1 = the general
                                     //   one (state in shared memory), 2 = the bf16 one with the
                                     //   state in registers wherever it applies (bf16 scratch,
-                                    //   Dk = 128; the rule: 2)
+                                    //   Dk = 128; the rule: 2), 3 = that pass on warpgroup
+                                    //   products where it runs with 32 value columns (opt-in
+                                    //   until it has run on a GPU)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

@@ -431,6 +431,50 @@ TEST(CudaChunkedForward, StoredStatePass) {
     }
 }
 
+// The state pass on warpgroup products (state_pass_wgmma_kernel.cuh, DecodeOverrides::
+// chunked_state_pass = 3, 32 value columns) wherever the bf16 pass runs: the output inside it
+// (without `saved`, with bf16 `saved`, with fp32 `saved`: q S on S's hi part or on hi + lo), the
+// output kernel after it (overlap 1) and overlapped with it (overlap 2), the stored Kd rows
+// (per-key gate, a mask, f16 inputs); both layouts, varlen with empty and 1-token sequences,
+// mild, strong and g = -30 decay, beta 1, GQA; against the float64 reference, the saved chunk
+// states against the CPU path's.
+TEST(CudaChunkedForward, WgmmaStatePass) {
+  REQUIRE_GPU();
+  for (int variant = 0; variant < 7; ++variant) {
+    const bool varlen = variant == 1 || variant == 4;
+    Case c = base_case(varlen ? 1 : 2, varlen ? 0 : 64 * 5 + 3, 2, 4, 128,
+                       variant == 6 ? DType::f16 : DType::bf16);
+    c.gate = variant == 4 || variant == 5 ? GateKind::per_key : GateKind::scalar;
+    c.mask = variant == 5 || variant == 6;
+    c.h0 = c.final_state = true;
+    c.layout = variant % 2 ? StateLayout::v_first : StateLayout::k_first;
+    c.decay = variant == 2 ? Decay::strong : Decay::mild;
+    c.qk_l2norm = variant == 3;
+    if (varlen) c.seqlens = {130, 0, 1, 64, 300};
+    DecodeOverrides o;
+    o.chunked_state_pass = 3;
+    o.chunked_state_columns = 32;
+    o.chunked_overlap = variant == 2 ? 1 : variant == 3 ? 2 : 0;
+    const std::string family = "wgmma state pass";
+    check_chunked(family, c, true, -1, o);
+    check_chunked(family + " (bf16 saved)", c, true, -1, o, true);
+    check_chunked(family + " (own states)", c, false, -1, o);
+  }
+  for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
+    Case c = base_case(1, 64 * 3 + 33, 1, 2, 128);
+    c.gate = gate;
+    c.h0 = c.final_state = true;
+    TestData d = make_problem(c);
+    d.beta.fill(1.0);
+    DecodeOverrides o;
+    o.chunked_state_pass = 3;
+    o.chunked_state_columns = 32;
+    check_chunked("wgmma state pass, beta 1", d, true, -1, o);
+    d.g.fill(-30.0);
+    check_chunked("wgmma state pass, beta 1, g=-30", d, true, -1, o);
+  }
+}
+
 // Exact segment split of the state pass (src/core/heuristics.h cuda_chunked_segment_chunks;
 // forced here through DecodeOverrides::chunked_segments: -1 off, n > 0 chunks per segment): a
 // long single sequence, varlen with one long sequence among short, empty and 1-token ones, and

@@ -1,9 +1,9 @@
 // The warpgroup-product layer (src/cuda/common/wgmma.cuh) on the device, before any kernel relies
 // on it: D = A B for one 64-row tile through wgmma_probe_gemm (the no-swizzle layouts, the matrix
-// descriptors, the k16 steps and the accumulator fragment layout), B staged K-major and MN-major,
-// N = 32 and 64, K = 16 and 128, against a float64 product of the same bf16 values. fp32
-// accumulation of exact bf16 products: relative error ~1e-7 expected, 1e-5 allowed; a wrong layout
-// or fragment gives O(1).
+// descriptors, the k16 steps and the accumulator fragment layout), A staged K-major and M-major, B
+// K-major and N-major, N = 16, 32 and 64, K = 16 and 128, against a float64 product of the same
+// bf16 values. fp32 accumulation of exact bf16 products: relative error ~1e-7 expected, 1e-5
+// allowed; a wrong layout or fragment gives O(1).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -23,9 +23,10 @@ TEST(CudaWgmma, Probe) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(20261207);
   std::normal_distribution<double> normal;
-  for (int N : {32, 64})
+  for (int N : {16, 32, 64})
     for (int K : {16, 128})
-      for (bool n_major : {false, true}) {
+      for (int major = 0; major < 4; ++major) {
+        const bool m_major = major & 1, n_major = major & 2;
         // A [64][K]; B [K][N] MN-major or [N][K] K-major; both rounded to bf16 as they are set.
         HostTensor a(DType::bf16, {64, K});
         HostTensor b(DType::bf16,
@@ -42,11 +43,12 @@ TEST(CudaWgmma, Probe) {
         DeviceMirror m;
         const TensorView da = m.to_device(a.view()), db = m.to_device(b.view());
         const TensorView dd = m.to_device(d.view());
-        const int err = cuda::detail::wgmma_probe_gemm(static_cast<const std::uint16_t*>(da.data),
-                                                       static_cast<const std::uint16_t*>(db.data),
-                                                       static_cast<float*>(dd.data), N, K, n_major);
+        const int err = cuda::detail::wgmma_probe_gemm(
+            static_cast<const std::uint16_t*>(da.data), static_cast<const std::uint16_t*>(db.data),
+            static_cast<float*>(dd.data), N, K, m_major, n_major);
         const std::string label = "N " + std::to_string(N) + " K " + std::to_string(K) +
-                                  (n_major ? " B MN-major" : " B K-major");
+                                  (m_major ? " A M-major" : " A K-major") +
+                                  (n_major ? " B N-major" : " B K-major");
         ASSERT_EQ(err, 0) << label << ": " << cudaGetErrorString(static_cast<cudaError_t>(err));
         DeviceMirror::to_host(dd, d.view());
         const std::vector<double> got = d.to_double();

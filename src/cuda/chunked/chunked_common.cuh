@@ -25,6 +25,7 @@
 #include "cuda/common/mma_bf16.cuh"
 #include "cuda/common/mma_tf32.cuh"
 #include "cuda/common/sequences.cuh"
+#include "cuda/common/wgmma_layout.h"
 
 namespace gdr::cuda::chunked {
 
@@ -273,6 +274,46 @@ __device__ __forceinline__ void store_output_tile(const ChunkArgs& a, const SeqI
   }
 }
 
+// The state slice of the state passes with S in registers (state_pass_bf16_kernel.cuh,
+// state_pass_wgmma_kernel.cuh): S[j][e] is state row i0 + lg + 8 (e >> 1), column
+// col0 + 8 j + 2 lc + (e & 1) of sequence n, value head h (an mma accumulator fragment of the
+// warp's 16 rows from i0). load_state_slice: from h0 (zeros without it); store_final_state: into
+// the final state (when asked); either layout.
+template <int J>
+__device__ __forceinline__ void load_state_slice(const ChunkArgs& a, std::int64_t n, int h,
+                                                 int col0, int i0, float (&S)[J][4]) {
+  const int lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = i0 + lg + 8 * (e >> 1), col = col0 + 8 * j + 2 * lc + (e & 1);
+      float s = 0.f;
+      if (a.h0) {
+        const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
+        s = a.v_first ? a.h0[base + col * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + col];
+      }
+      S[j][e] = s;
+    }
+}
+template <int J>
+__device__ __forceinline__ void store_final_state(const ChunkArgs& a, std::int64_t n, int h,
+                                                  int col0, int i0, const float (&S)[J][4]) {
+  if (!a.hout) return;
+  const int lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+  const std::int64_t base = n * a.hout_s0 + h * a.hout_s1;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = i0 + lg + 8 * (e >> 1), col = col0 + 8 * j + 2 * lc + (e & 1);
+      if (a.v_first)
+        a.hout[base + col * a.hout_s2 + i] = S[j][e];
+      else
+        a.hout[base + i * a.hout_s2 + col] = S[j][e];
+    }
+}
+
 // cu_seqlens values are read on the device only, clamped (common/sequences.cuh).
 __device__ __forceinline__ void seq_bounds(const ChunkArgs& a, std::int64_t n, std::int64_t& bos,
                                            std::int64_t& eos) {
@@ -423,6 +464,31 @@ __device__ __forceinline__ void copy_token_rows(__nv_bfloat16* dst, int ld, cons
     const int r = e / wv, i = e - r * wv;
     const bool valid = r < len;
     cp_async16_zfill(dst + r * ld + 8 * i, valid ? base + (t0 + r) * st + 8 * i : base, valid);
+  }
+}
+
+// The same copies into warpgroup-product tiles (wgmma_layout.h): a bf16 block [rows][cols] (row
+// stride src_ld elements; copy_tile) or C token rows as copy_token_rows reads them
+// (copy_token_tile; rows >= len are zeros), unit u of the tile to byte 16 u so that consecutive
+// threads write consecutive bytes. Completion: cp_async_wait, fence_proxy_async_smem (wgmma.cuh:
+// the products read through the async proxy), a barrier.
+template <int Cols>
+__device__ __forceinline__ void copy_tile(unsigned char* tile, const __nv_bfloat16* src,
+                                          std::int64_t src_ld, int rows) {
+  for (int u = threadIdx.x; u < rows * (Cols / 8); u += blockDim.x) {
+    const wgmma_layout::Unit p = wgmma_layout::tile_unit(u, Cols);
+    detail::cp_async16(tile + 16 * u, src + p.row * src_ld + p.col);
+  }
+}
+template <int Cols>
+__device__ __forceinline__ void copy_token_tile(unsigned char* tile, const void* src,
+                                                std::int64_t sb, std::int64_t st, std::int64_t sh,
+                                                std::int64_t b, std::int64_t t0, int hk, int len) {
+  const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(src) + b * sb + hk * sh;
+  for (int u = threadIdx.x; u < kC * (Cols / 8); u += blockDim.x) {
+    const wgmma_layout::Unit p = wgmma_layout::tile_unit(u, Cols);
+    const bool valid = p.row < len;
+    cp_async16_zfill(tile + 16 * u, valid ? base + (t0 + p.row) * st + p.col : base, valid);
   }
 }
 

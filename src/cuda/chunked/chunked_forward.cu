@@ -19,6 +19,7 @@
 #include "cuda/chunked/chunked_host.cuh"
 #include "cuda/chunked/prep_bf16_kernel.cuh"
 #include "cuda/chunked/state_pass_bf16_kernel.cuh"
+#include "cuda/chunked/state_pass_wgmma_kernel.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/scratch.h"
 #include "cuda/paths.h"
@@ -79,6 +80,20 @@ void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, cons
                 static_cast<unsigned>(a.Dv / BV)),
            chunked::kStateBf16Threads, smem, stream>>>(a);
   check(cudaGetLastError(), op, "state_pass_bf16_kernel launch");
+}
+
+// The warpgroup-product state pass (state_pass_wgmma_kernel.cuh): grid (N, Hv, Dv / 32); FuseOut
+// and Stored as launch_state_bf16's (FuseOut with fp32 `saved`: q S on S's hi and lo parts).
+template <bool FuseOut, bool Stored = false>
+void launch_state_wgmma(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = FuseOut && a.saved ? chunked::state_pass_wgmma_kernel<FuseOut, false, FuseOut>
+                                         : chunked::state_pass_wgmma_kernel<FuseOut, Stored>;
+  constexpr std::size_t smem = chunked::StateWgmmaSmem<FuseOut>::bytes;
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
+  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(a.Dv / chunked::wgmma_pass::kBV)),
+           chunked::kStateWgmmaThreads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "state_pass_wgmma_kernel launch");
 }
 
 // Whether the output is computed inside the bf16 state pass (state_pass_bf16_kernel<BV, true>)
@@ -163,7 +178,17 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     const int stages = forced.chunked_state_buffers == 3 || forced.chunked_state_buffers == 4
                            ? forced.chunked_state_buffers
                            : 2;
-    if (fuse_out && bv == 16)
+    // The warpgroup-product pass (opt-in until it has run on a GPU: DecodeOverrides::
+    // chunked_state_pass = 3) wherever the bf16 pass would run with 32 value columns.
+    const bool wgmma = forced.chunked_state_pass == 3 && bv == 32 && (fuse_out || state_bf16) &&
+                       chunked::StateWgmmaSmem<true>::bytes <= static_cast<std::size_t>(smem_optin);
+    if (wgmma && fuse_out)
+      launch_state_wgmma<true>(a, dev, stream, op);
+    else if (wgmma && stored)
+      launch_state_wgmma<false, true>(a, dev, stream, op);
+    else if (wgmma)
+      launch_state_wgmma<false>(a, dev, stream, op);
+    else if (fuse_out && bv == 16)
       launch_state_bf16<16, true>(a, dev, stream, op);
     else if (fuse_out)
       launch_state_bf16<32, true>(a, dev, stream, op);

@@ -123,18 +123,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   // 8 nt + 2 lc + (e & 1) of the slice.
   const int i0 = 16 * warp;
   float S[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = i0 + lg + 8 * (e >> 1), j = col0 + 8 * nt + 2 * lc + (e & 1);
-      float s = 0.f;
-      if (a.h0) {
-        const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
-        s = a.v_first ? a.h0[base + j * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + j];
-      }
-      S[nt][e] = s;
-    }
+  load_state_slice(a, n, h, col0, i0, S);
   // The chunk's decay of this thread's state rows i0 + lg and i0 + lg + 8 (one per chunk, or
   // per key channel under the per-key gate).
   auto decay = [&](std::int64_t c, int hf) {
@@ -296,19 +285,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   cp_async_wait<0>();
   __syncthreads();
   if (progress && tid == 0 && chunks > 0) store_release(progress, static_cast<int>(chunks));
-  if (a.hout) {
-    const std::int64_t base = n * a.hout_s0 + h * a.hout_s1;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = i0 + lg + 8 * (e >> 1), j = col0 + 8 * nt + 2 * lc + (e & 1);
-        if (a.v_first)
-          a.hout[base + j * a.hout_s2 + i] = S[nt][e];
-        else
-          a.hout[base + i * a.hout_s2 + j] = S[nt][e];
-      }
-  }
+  store_final_state(a, n, h, col0, i0, S);
 }
 
 }  // namespace gdr::cuda::chunked

@@ -1,7 +1,8 @@
-// wgmma_probe_gemm (wgmma_probe.h): one block of one warpgroup stages A and B into the
-// no-swizzle layouts of wgmma.cuh (16-byte units, generic stores), makes them visible to the async
-// proxy, runs K / 16 products into fp32 accumulators and writes D from the fragment layout that
-// wgmma.cuh states.
+// wgmma_probe_gemm (wgmma_probe.h): one block of one warpgroup stages A and B as the tiles of
+// wgmma_layout.h (element by element, generic stores; A as [64][K] K-major or [K][64] M-major, B
+// as [N][K] K-major or [K][N] N-major), makes them visible to the async proxy, runs K / 16
+// products into fp32 accumulators through the operand descriptions the kernels use, and writes D
+// from the fragment layout that wgmma.cuh states.
 #include <cuda_runtime.h>
 
 #include "cuda/common/wgmma.cuh"
@@ -10,64 +11,64 @@
 namespace gdr::cuda::detail {
 namespace {
 
-template <int N, bool NMajor>
+using wgmma_layout::kmajor_operand;
+using wgmma_layout::mnmajor_operand;
+using wgmma_layout::tile_offset;
+
+template <int N, bool TransA, bool TransB>
 __global__ void __launch_bounds__(128)
     wgmma_probe_kernel(const std::uint16_t* A, const std::uint16_t* B, float* D, int K) {
   extern __shared__ float4 smem4[];
   unsigned char* sA = reinterpret_cast<unsigned char*>(smem4);
   unsigned char* sB = sA + 64 * K * 2;
   const int tid = threadIdx.x;
-  // A: 16-byte units (row r, k group kg) of the row-major source.
-  for (int u = tid; u < 64 * (K / 8); u += 128) {
-    const int r = u / (K / 8), kg = u % (K / 8);
-    *reinterpret_cast<uint4*>(sA + kmajor_offset(r, 8 * kg, K)) =
-        *reinterpret_cast<const uint4*>(A + r * K + 8 * kg);
+  for (int e = tid; e < 64 * K; e += 128) {  // A[m][k]
+    const int m = e / K, k = e % K;
+    *reinterpret_cast<std::uint16_t*>(
+        sA + (TransA ? tile_offset(k, m, 64) : tile_offset(m, k, K))) = A[e];
   }
-  if constexpr (NMajor) {  // B [K][N]: units (k, n group)
-    for (int u = tid; u < K * (N / 8); u += 128) {
-      const int k = u / (N / 8), ng = u % (N / 8);
-      *reinterpret_cast<uint4*>(sB + nmajor_offset(k, 8 * ng, N)) =
-          *reinterpret_cast<const uint4*>(B + k * N + 8 * ng);
-    }
-  } else {  // B [N][K]: units (n, k group)
-    for (int u = tid; u < N * (K / 8); u += 128) {
-      const int n = u / (K / 8), kg = u % (K / 8);
-      *reinterpret_cast<uint4*>(sB + kmajor_offset(n, 8 * kg, K)) =
-          *reinterpret_cast<const uint4*>(B + n * K + 8 * kg);
-    }
+  for (int e = tid; e < N * K; e += 128) {  // B[k][n] (TransB) or B[n][k]
+    const int r = e / (TransB ? N : K), c = e % (TransB ? N : K);
+    *reinterpret_cast<std::uint16_t*>(sB + tile_offset(r, c, TransB ? N : K)) = B[e];
   }
   fence_proxy_async_smem();
   __syncthreads();
 
-  float d[N / 2];
+  float d[N / 8][4];
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
-  const std::uint32_t a_lbo = 128, a_sbo = (K / 8) * 128;
-  const std::uint32_t b_lbo = NMajor ? (N / 8) * 128 : 128, b_sbo = NMajor ? 128 : (K / 8) * 128;
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[j][e] = -1.f;  // overwritten: the first product does not add
   wgmma_fence();
   for (int k0 = 0; k0 < K; k0 += 16) {
-    const std::uint64_t da = wgmma_desc(sA + (k0 / 8) * a_lbo, a_lbo, a_sbo);
-    const std::uint64_t db = wgmma_desc(sB + (k0 / 8) * b_lbo, b_lbo, b_sbo);
-    if constexpr (N == 32)
-      wgmma_m64n32k16<NMajor>(d, da, db, true);
+    const std::uint64_t da =
+        wgmma_desc(sA, TransA ? mnmajor_operand(64, k0, 0) : kmajor_operand(K, 0, k0));
+    const std::uint64_t db =
+        wgmma_desc(sB, TransB ? mnmajor_operand(N, k0, 0) : kmajor_operand(K, 0, k0));
+    if constexpr (N == 16)
+      wgmma_m64n16k16<TransA, TransB>(d, da, db, k0 > 0);
+    else if constexpr (N == 32)
+      wgmma_m64n32k16<TransA, TransB>(d, da, db, k0 > 0);
     else
-      wgmma_m64n64k16<NMajor>(d, da, db, true);
+      wgmma_m64n64k16<TransA, TransB>(d, da, db, k0 > 0);
   }
   wgmma_commit();
   wgmma_wait<0>();
+  wgmma_fence_operand(d);
 
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) {
-    const int j = i / 4, e = i % 4;
-    const int row = 16 * warp + g + 8 * (e / 2), col = 8 * j + 2 * c + (e % 2);
-    D[row * N + col] = d[i];
-  }
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + g + 8 * (e / 2), col = 8 * j + 2 * c + (e % 2);
+      D[row * N + col] = d[j][e];
+    }
 }
 
-template <int N, bool NMajor>
+template <int N, bool TransA, bool TransB>
 int launch(const std::uint16_t* A, const std::uint16_t* B, float* D, int K) {
-  const auto kernel = wgmma_probe_kernel<N, NMajor>;
+  const auto kernel = wgmma_probe_kernel<N, TransA, TransB>;
   const int smem = (64 + N) * K * 2;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -77,13 +78,22 @@ int launch(const std::uint16_t* A, const std::uint16_t* B, float* D, int K) {
   return cudaDeviceSynchronize();
 }
 
+template <int N>
+int launch_n(const std::uint16_t* A, const std::uint16_t* B, float* D, int K, bool a_m_major,
+             bool b_n_major) {
+  if (a_m_major)
+    return b_n_major ? launch<N, true, true>(A, B, D, K) : launch<N, true, false>(A, B, D, K);
+  return b_n_major ? launch<N, false, true>(A, B, D, K) : launch<N, false, false>(A, B, D, K);
+}
+
 }  // namespace
 
 int wgmma_probe_gemm(const std::uint16_t* A, const std::uint16_t* B, float* D, int N, int K,
-                     bool b_n_major) {
+                     bool a_m_major, bool b_n_major) {
   if (K <= 0 || K % 16 != 0 || K > 256) return cudaErrorInvalidValue;
-  if (N == 32) return b_n_major ? launch<32, true>(A, B, D, K) : launch<32, false>(A, B, D, K);
-  if (N == 64) return b_n_major ? launch<64, true>(A, B, D, K) : launch<64, false>(A, B, D, K);
+  if (N == 16) return launch_n<16>(A, B, D, K, a_m_major, b_n_major);
+  if (N == 32) return launch_n<32>(A, B, D, K, a_m_major, b_n_major);
+  if (N == 64) return launch_n<64>(A, B, D, K, a_m_major, b_n_major);
   return cudaErrorInvalidValue;
 }
 
