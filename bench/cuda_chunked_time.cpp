@@ -276,9 +276,9 @@ int main(int argc, char** argv) {
   app.add_option("--bwd-fused", overrides.chunked_backward_fused,
                  "backward: 1 the general kernels, 2 the fused bf16 kernel and the bf16 reverse "
                  "pass and the bf16 prep where they apply, 3 that with the general reverse pass, 4 "
-                 "that with the fp32 prep, 5 2 with the reverse pass's operands in bf16 (0 the "
-                 "rule)")
-      ->check(CLI::Range(0, 5));
+                 "that with the fp32 prep, 5 2 with the reverse pass's operands in bf16, 6 5 with "
+                 "the reverse pass on warpgroup products (0 the rule)")
+      ->check(CLI::Range(0, 6));
   app.add_option("--bwd-prefetch", overrides.chunked_backward_prefetch,
                  "backward: the fused chunk kernel's L2 prefetch of its next phases' operands: "
                  "1 off, 2 on (0 the rule)")

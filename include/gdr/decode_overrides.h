@@ -79,7 +79,8 @@ struct DecodeOverrides {
                                     //   pass, 4 = the fp32 prep, 5 = 2 with the reverse pass's
                                     //   operands written in bf16 by the prep given the forward's
                                     //   states (bit-identical to 2; the rule: 5 where it
-                                    //   applies, else 2)
+                                    //   applies, else 2), 6 = 5 with the reverse pass on
+                                    //   warpgroup products (opt-in until it has run on a GPU)
   int chunked_tinv = 0;             // the chunked prep kernels' Tinv (forward and the backward's
                                     //   recompute): 1 = by lanes (the rule), 2 = by columns
                                     //   (a thread per column, registers; opt-in until measured)

@@ -71,6 +71,9 @@ TEST(WgmmaLayout, StatePassOperandsReadWhatTheyMean) {
                    [&](int m, int k) { return tile_offset(m, 16 * ks + k, C); });
       expect_reads("P Vnew, B" + at, pass::pv_b(wg, ks), true, H,
                    [&](int n, int k) { return tile_offset(16 * ks + k, H * wg + n, BV); });
+      // The reverse pass's P^T dO: A(m, k) = P^T[m][16 ks + k] = P[16 ks + k][m].
+      expect_reads("P^T dO, A" + at, pass::pt_a(ks), true, C,
+                   [&](int m, int k) { return tile_offset(16 * ks + k, m, C); });
     }
   }
 }

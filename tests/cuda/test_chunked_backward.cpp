@@ -250,16 +250,10 @@ TEST(CudaChunkedBackward, SavedFromForwardModes) {
     }
 }
 
-// The fused bf16 kernel for bwd_dvb + bwd_key (bwd_chunk_bf16_kernel.cuh: scalar gate, bf16, no
-// mask, Dk = Dv = 128) with the bf16 reverse pass (bwd_state_bf16_kernel.cuh) or the general one,
-// the bf16 prep's backward mode or the fp32 prep, and the general kernels
-// (DecodeOverrides::chunked_backward_fused = 2, 3, 4, 1) on the same calls,
-// both within the bar of the float64 reference: lengths around the chunk, decay regimes up to g =
-// -30 everywhere, beta 0 and 1, varlen with empty and 1-token sequences, GQA, the fused options,
-// both layouts, h0 and dfinal_state; states recomputed, read from the forward's fp32 saved record,
-// and from its bf16 one by windows of 3 chunk slots.
-TEST(CudaChunkedBackward, FusedChunkKernel) {
-  REQUIRE_GPU();
+// The fused backward's cases (scalar gate, bf16, Dk = Dv = 128): lengths around the chunk, decay
+// regimes up to g = -30, beta 0 and 1, varlen with empty and 1-token sequences, GQA with every
+// fused option, both layouts, h0 and dfinal_state.
+std::vector<std::pair<std::string, TestData>> fused_cases() {
   std::vector<std::pair<std::string, TestData>> cases;
   for (std::int64_t T : {1, 63, 64, 65, 200}) {
     Case c = base_case(1, T, 1, 2, 128);
@@ -297,6 +291,20 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
     c.layout = StateLayout::v_first;
     cases.emplace_back("fused gqa options", make_problem(c));
   }
+  return cases;
+}
+
+// The fused bf16 kernel for bwd_dvb + bwd_key (bwd_chunk_bf16_kernel.cuh: scalar gate, bf16, no
+// mask, Dk = Dv = 128) with the bf16 reverse pass (bwd_state_bf16_kernel.cuh) or the general one,
+// the bf16 prep's backward mode or the fp32 prep, and the general kernels
+// (DecodeOverrides::chunked_backward_fused = 2, 3, 4, 1) on the same calls,
+// both within the bar of the float64 reference: lengths around the chunk, decay regimes up to g =
+// -30 everywhere, beta 0 and 1, varlen with empty and 1-token sequences, GQA, the fused options,
+// both layouts, h0 and dfinal_state; states recomputed, read from the forward's fp32 saved record,
+// and from its bf16 one by windows of 3 chunk slots.
+TEST(CudaChunkedBackward, FusedChunkKernel) {
+  REQUIRE_GPU();
+  auto cases = fused_cases();
   for (auto& [family, d] : cases) {
     const BackwardResult ref = reference_backward(d);
     const double tol = backward_tolerance(d.c);
@@ -343,6 +351,41 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
                                                      : ", with against without L2 prefetch")));
       }
     }
+  }
+}
+
+// The reverse pass on warpgroup products (bwd_state_wgmma_kernel.cuh, DecodeOverrides::
+// chunked_backward_fused = 6) given the forward's states (fp32 and bf16, whole and by windows of 3
+// chunk slots; the forward on its warpgroup-product state pass too, chunked_state_pass = 3):
+// every gradient against the float64 reference, and against rule 5 (the same roundings of the
+// operands, products summed in another order) within the same bar, on fused_cases().
+TEST(CudaChunkedBackward, WgmmaReversePass) {
+  REQUIRE_GPU();
+  auto cases = fused_cases();
+  for (auto& [family, d] : cases) {
+    const BackwardResult ref = reference_backward(d);
+    const double tol = backward_tolerance(d.c);
+    DecodeOverrides fwd;
+    fwd.chunked_state_pass = 3;
+    fwd.chunked_state_columns = 32;
+    DeviceMirror m, m16;
+    const TensorView saved = forward_saved(d, m, &fwd);
+    const TensorView saved16 = forward_saved(d, m16, &fwd, true);
+    for (const TensorView* sv : {&saved, &saved16})
+      for (int window : {0, 3}) {
+        const std::string label = family + (sv == &saved ? " (saved)" : " (bf16 saved)") +
+                                  (window ? ", windows" : "") + ": " + describe(d.c, d.seed);
+        DecodeOverrides rule5, rule6;
+        rule5.chunked_backward_fused = 5;
+        rule6.chunked_backward_fused = 6;
+        rule5.chunked_backward_window = rule6.chunked_backward_window = window;
+        const BackwardResult got = run_backward_cuda(d, nullptr, *sv, Path::automatic, &rule6);
+        note("wgmma reverse pass", got, ref);
+        expect_backward_close(got, ref, tol, label);
+        const BackwardResult bf16_pass =
+            run_backward_cuda(d, nullptr, *sv, Path::automatic, &rule5);
+        expect_backward_close(got, bf16_pass, tol, label + " against rule 5");
+      }
   }
 }
 

@@ -101,6 +101,9 @@ struct BwdArgs {
   unsigned long long* phase_cycles;
   // bwd_chunk_bf16_kernel: L2 prefetches of the next phases' operands (chunked_backward_prefetch).
   bool prefetch_l2;
+  // The reverse pass on warpgroup products (bwd_state_wgmma_kernel.cuh) where its bf16 operands
+  // are given (chunked_backward_fused = 6).
+  bool state_wgmma;
 };
 
 __device__ __forceinline__ bool row_live(const ChunkArgs& a, const SeqInfo& seq, std::int64_t t0,

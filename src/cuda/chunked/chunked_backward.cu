@@ -38,6 +38,7 @@
 #include "cuda/chunked/backward_kernels.cuh"
 #include "cuda/chunked/bwd_chunk_bf16_kernel.cuh"
 #include "cuda/chunked/bwd_state_bf16_kernel.cuh"
+#include "cuda/chunked/bwd_state_wgmma_kernel.cuh"
 #include "cuda/chunked/chunked_host.cuh"
 #include "cuda/chunked/prep_bf16_kernel.cuh"
 #include "cuda/common/launch.h"
@@ -100,6 +101,18 @@ void launch_bwd_state_bf16(const BwdArgs& b, int device, cudaStream_t stream, co
   check(cudaGetLastError(), op, "bwd_state_bf16_kernel launch");
 }
 
+// The reverse pass on warpgroup products (bwd_state_wgmma_kernel.cuh): the bf16 operands given,
+// 32 value columns per block.
+void launch_bwd_state_wgmma(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::bwd_state_wgmma_kernel;
+  constexpr std::size_t smem = chunked::BwdStateWgmmaSmem::bytes;
+  prepare(kernel, smem, device, op);
+  kernel<<<dim3(static_cast<unsigned>(b.c.N), static_cast<unsigned>(b.c.Hv),
+                static_cast<unsigned>(b.c.Dv / chunked::wgmma_pass::kBV)),
+           chunked::kBwdStateWgmmaThreads, smem, stream>>>(b);
+  check(cudaGetLastError(), op, "bwd_state_wgmma_kernel launch");
+}
+
 // bwd_dvb + bwd_key fused into bwd_chunk_bf16_kernel (its header states where it applies); with
 // the forward's saved chunk states it also forms Vnew (no bwd_vnew_kernel).
 void launch_bwd_fused(const BwdArgs& b, bool with_saved, dim3 grid, int device, cudaStream_t stream,
@@ -128,7 +141,9 @@ void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, bool state_bf1
   // idle (as the forward's state pass).
   const std::int64_t blocks32 = a.N * a.Hv * (a.Dv / 32);
   const bool narrow = 2 * blocks32 <= sm_count(device, op);
-  if (state_bf16)
+  if (state_bf16 && b.state_wgmma && b.c.P16)
+    launch_bwd_state_wgmma(b, device, stream, op);
+  else if (state_bf16)
     narrow ? launch_bwd_state_bf16<16>(b, device, stream, op)
            : launch_bwd_state_bf16<32>(b, device, stream, op);
   else if (narrow)
@@ -236,7 +251,11 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   // The same roundings as the fp32 operands, so the gradients are bit-identical (FusedChunkKernel
   // checks); the rule since 350ff10 (H100, ef0210b: forward + backward 2-3% less time, 1 x 16384
   // 7.09 -> 6.89 ms); chunked_backward_fused = 2 forces the fp32 operands.
-  const bool op16 = prep_bf16 && !own_states && (fused_rule == 0 || fused_rule == 5);
+  const bool op16 =
+      prep_bf16 && !own_states && (fused_rule == 0 || fused_rule == 5 || fused_rule == 6);
+  // Rule 6 (opt-in until it has run on a GPU): the reverse pass on warpgroup products wherever
+  // its operands are bf16 (any number of blocks: it has 32 value columns only).
+  b.state_wgmma = op16 && fused_rule == 6;
   b.phase_cycles =
       config.decode_overrides ? config.decode_overrides->backward_phase_cycles : nullptr;
   b.prefetch_l2 =

@@ -314,6 +314,29 @@ __device__ __forceinline__ void store_final_state(const ChunkArgs& a, std::int64
     }
 }
 
+// The state slice (load_state_slice's fragment, J = 4: 32 columns) published for the warpgroup
+// products: S -> bf16 hi + lo (|S - hi - lo| <= 2^-18 |S|) into the tiles [Dk][32] at hi and lo
+// (wgmma_layout.h); with rec, also S itself into the fp32 rows rec[i * ld + column].
+__device__ __forceinline__ void publish_state_tiles(const float (&S)[4][4], int i0,
+                                                    unsigned char* hi, unsigned char* lo,
+                                                    float* rec, std::int64_t ld) {
+  const int lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = i0 + lg + 8 * hf, col = 8 * j + 2 * lc;
+      std::uint32_t h, l;
+      detail::split_bf16(S[j][2 * hf], S[j][2 * hf + 1], h, l);
+      *reinterpret_cast<std::uint32_t*>(hi + wgmma_layout::tile_offset(i, col, 32)) = h;
+      *reinterpret_cast<std::uint32_t*>(lo + wgmma_layout::tile_offset(i, col, 32)) = l;
+      if (rec) {
+        rec[i * ld + col] = S[j][2 * hf];
+        rec[i * ld + col + 1] = S[j][2 * hf + 1];
+      }
+    }
+}
+
 // cu_seqlens values are read on the device only, clamped (common/sequences.cuh).
 __device__ __forceinline__ void seq_bounds(const ChunkArgs& a, std::int64_t n, std::int64_t& bos,
                                            std::int64_t& eos) {

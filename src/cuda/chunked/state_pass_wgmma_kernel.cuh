@@ -143,21 +143,10 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, 1) state_pass_wgmma_kernel
     const std::int64_t slot = seq.slot0 + c;
     const float gn[2] = {gn_next[0], gn_next[1]};
     // Publish S (hi + lo tiles) for W S; the fp32 chunk-state row straight from the registers.
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = i0 + lg + 8 * hf, col = 8 * j + 2 * lc;
-        std::uint32_t hi, lo;
-        detail::split_bf16(S[j][2 * hf], S[j][2 * hf + 1], hi, lo);
-        *reinterpret_cast<std::uint32_t*>(sShi + tile_offset(i, col, BV)) = hi;
-        *reinterpret_cast<std::uint32_t*>(sSlo + tile_offset(i, col, BV)) = lo;
-        if (a.saved) {
-          float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * Dv + col0;
-          rec[col] = S[j][2 * hf];
-          rec[col + 1] = S[j][2 * hf + 1];
-        }
-      }
+    static_assert(BV == 32, "publish_state_tiles' 32 columns");
+    publish_state_tiles(S, i0, sShi, sSlo,
+                        a.saved ? a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0 : nullptr,
+                        Dv);
     cp_async_wait<0>();  // chunk c's tiles, U, fk (this thread's copies)
     detail::fence_proxy_async_smem();
     __syncthreads();

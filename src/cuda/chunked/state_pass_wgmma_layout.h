@@ -43,4 +43,11 @@ GDR_HOST_DEVICE constexpr Operand pv_b(int wg, int ks) {
   return mnmajor_operand(kBV, 16 * ks, kHalf * wg);
 }
 
+// The backward's reverse pass (bwd_state_wgmma_kernel.cuh) reuses these with its own tiles (Kd dS
+// as W S, Qs^T dO and W^T dVnew as k^T V, dO as P Vnew's B) and adds P^T dO at k step ks: A = P^T
+// from the P tile [C][C] read M-major.
+GDR_HOST_DEVICE constexpr Operand pt_a(int ks) {
+  return mnmajor_operand(kRows, 16 * ks, 0);
+}
+
 }  // namespace gdr::cuda::chunked::wgmma_pass
