@@ -432,7 +432,8 @@ TEST(CudaChunkedForward, StoredStatePass) {
 }
 
 // The state pass on warpgroup products (state_pass_wgmma_kernel.cuh, DecodeOverrides::
-// chunked_state_pass = 3, 32 value columns) wherever the bf16 pass runs: the output inside it
+// chunked_state_pass = 3, 32 value columns; one and two stages of copies, chunked_state_buffers)
+// wherever the bf16 pass runs: the output inside it
 // (without `saved`, with bf16 `saved`, with fp32 `saved`: q S on S's hi part or on hi + lo), the
 // output kernel after it (overlap 1) and overlapped with it (overlap 2), the stored Kd rows
 // (per-key gate, a mask, f16 inputs); both layouts, varlen with empty and 1-token sequences,
@@ -451,14 +452,17 @@ TEST(CudaChunkedForward, WgmmaStatePass) {
     c.decay = variant == 2 ? Decay::strong : Decay::mild;
     c.qk_l2norm = variant == 3;
     if (varlen) c.seqlens = {130, 0, 1, 64, 300};
-    DecodeOverrides o;
-    o.chunked_state_pass = 3;
-    o.chunked_state_columns = 32;
-    o.chunked_overlap = variant == 2 ? 1 : variant == 3 ? 2 : 0;
-    const std::string family = "wgmma state pass";
-    check_chunked(family, c, true, -1, o);
-    check_chunked(family + " (bf16 saved)", c, true, -1, o, true);
-    check_chunked(family + " (own states)", c, false, -1, o);
+    for (int stages : {1, 2}) {
+      DecodeOverrides o;
+      o.chunked_state_pass = 3;
+      o.chunked_state_columns = 32;
+      o.chunked_state_buffers = stages;
+      o.chunked_overlap = variant == 2 ? 1 : variant == 3 ? 2 : 0;
+      const std::string family = "wgmma state pass, stages " + std::to_string(stages);
+      check_chunked(family, c, true, -1, o);
+      check_chunked(family + " (bf16 saved)", c, true, -1, o, true);
+      check_chunked(family + " (own states)", c, false, -1, o);
+    }
   }
   for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
     Case c = base_case(1, 64 * 3 + 33, 1, 2, 128);

@@ -83,17 +83,30 @@ void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, cons
 }
 
 // The warpgroup-product state pass (state_pass_wgmma_kernel.cuh): grid (N, Hv, Dv / 32); FuseOut
-// and Stored as launch_state_bf16's (FuseOut with fp32 `saved`: q S on S's hi and lo parts).
-template <bool FuseOut, bool Stored = false>
-void launch_state_wgmma(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = FuseOut && a.saved ? chunked::state_pass_wgmma_kernel<FuseOut, false, FuseOut>
-                                         : chunked::state_pass_wgmma_kernel<FuseOut, Stored>;
-  constexpr std::size_t smem = chunked::StateWgmmaSmem<FuseOut>::bytes;
+// and Stored as launch_state_bf16's (FuseOut with fp32 `saved`: q S on S's hi and lo parts); NS
+// stages of copies.
+template <bool FuseOut, bool Stored, int NS>
+void launch_state_wgmma_stages(const ChunkArgs& a, int device, cudaStream_t stream,
+                               const char* op) {
+  const auto kernel = FuseOut && a.saved
+                          ? chunked::state_pass_wgmma_kernel<FuseOut, false, FuseOut, NS>
+                          : chunked::state_pass_wgmma_kernel<FuseOut, Stored, false, NS>;
+  constexpr std::size_t smem = chunked::StateWgmmaSmem<FuseOut, NS>::bytes;
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
                 static_cast<unsigned>(a.Dv / chunked::wgmma_pass::kBV)),
            chunked::kStateWgmmaThreads, smem, stream>>>(a);
   check(cudaGetLastError(), op, "state_pass_wgmma_kernel launch");
+}
+// Two stages where the blocks fit one wave (one block per SM), else one (two blocks per SM);
+// DecodeOverrides::chunked_state_buffers = 1 or 2 forces it.
+template <bool FuseOut, bool Stored = false>
+void launch_state_wgmma(const ChunkArgs& a, int stages, int device, cudaStream_t stream,
+                        const char* op) {
+  if (stages == 1)
+    launch_state_wgmma_stages<FuseOut, Stored, 1>(a, device, stream, op);
+  else
+    launch_state_wgmma_stages<FuseOut, Stored, 2>(a, device, stream, op);
 }
 
 // Whether the output is computed inside the bf16 state pass (state_pass_bf16_kernel<BV, true>)
@@ -182,12 +195,15 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     // chunked_state_pass = 3) wherever the bf16 pass would run with 32 value columns.
     const bool wgmma = forced.chunked_state_pass == 3 && bv == 32 && (fuse_out || state_bf16) &&
                        chunked::StateWgmmaSmem<true>::bytes <= static_cast<std::size_t>(smem_optin);
+    const int wgmma_stages = forced.chunked_state_buffers == 1 || forced.chunked_state_buffers == 2
+                                 ? forced.chunked_state_buffers
+                                 : (blocks32 > sms ? 1 : 2);
     if (wgmma && fuse_out)
-      launch_state_wgmma<true>(a, dev, stream, op);
+      launch_state_wgmma<true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma && stored)
-      launch_state_wgmma<false, true>(a, dev, stream, op);
+      launch_state_wgmma<false, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma)
-      launch_state_wgmma<false>(a, dev, stream, op);
+      launch_state_wgmma<false>(a, wgmma_stages, dev, stream, op);
     else if (fuse_out && bv == 16)
       launch_state_bf16<16, true>(a, dev, stream, op);
     else if (fuse_out)

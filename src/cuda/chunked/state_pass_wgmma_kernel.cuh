@@ -39,10 +39,10 @@ namespace gdr::cuda::chunked {
 
 inline constexpr int kStateWgmmaThreads = 256;  // two warpgroups
 
-// Byte offsets of the kernel's shared-memory regions (tiles first: 128-byte aligned).
-template <bool FuseOut>
+// Byte offsets of the kernel's shared-memory regions (tiles first: 128-byte aligned); NS stages.
+template <bool FuseOut, int NS = 2>
 struct StateWgmmaSmem {
-  static constexpr int Dk = wgmma_pass::kDk, BV = wgmma_pass::kBV, NS = 2, ldU = BV + 8;
+  static constexpr int Dk = wgmma_pass::kDk, BV = wgmma_pass::kBV, ldU = BV + 8;
   static constexpr std::size_t rows_tile = std::size_t(kC) * Dk * 2;  // W, k, q
   static constexpr std::size_t p_tile = std::size_t(kC) * kC * 2;
   static constexpr std::size_t s_tile = std::size_t(Dk) * BV * 2;
@@ -64,13 +64,19 @@ struct StateWgmmaSmem {
 
 // OutLo (FuseOut, given fp32 `saved`; the launch says): q S with S's lo part too, as the output
 // kernel's fp32-state path; S's hi part alone otherwise (its bf16-state path).
-template <bool FuseOut, bool Stored = false, bool OutLo = false>
-__global__ void __launch_bounds__(kStateWgmmaThreads, 1) state_pass_wgmma_kernel(ChunkArgs a) {
+// NS = 2: chunk c + 1's copies are issued as chunk c starts (one block per SM: 151 KB with the
+// output inside). NS = 1: one stage, chunk c + 1's copies issued after chunk c's last product, so
+// that two blocks fit an SM (89 KB with the output inside, at most 128 registers) and each hides
+// the other's copy latency: for launches of more blocks than SMs.
+template <bool FuseOut, bool Stored = false, bool OutLo = false, int NS = 2>
+__global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
+    state_pass_wgmma_kernel(ChunkArgs a) {
+  static_assert(NS == 1 || NS == 2, "one or two stages");
   static_assert(!(FuseOut && Stored), "the stored path's output is chunk_output_kernel's");
   static_assert(FuseOut || !OutLo, "OutLo is the fused output's");
   static_assert(wgmma_pass::kRows == kC, "the layout's chunk length is kC");
-  using L = StateWgmmaSmem<FuseOut>;
-  constexpr int Dk = L::Dk, BV = L::BV, NS = L::NS, ldU = L::ldU, H = wgmma_pass::kHalf;
+  using L = StateWgmmaSmem<FuseOut, NS>;
+  constexpr int Dk = L::Dk, BV = L::BV, ldU = L::ldU, H = wgmma_pass::kHalf;
   using wgmma_layout::tile_offset;
   extern __shared__ float4 smem4[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -152,12 +158,12 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, 1) state_pass_wgmma_kernel
     __syncthreads();
     // Chunk c - 1's Vnew and state row were written by every thread before the barrier.
     if (progress && c > 0 && tid == 0) store_release(progress, static_cast<int>(c));
-    // The other stage (chunk c - 1's) is free: every product that read it has completed.
-    if (c + 1 < chunks) {
+    // NS = 2: the other stage (chunk c - 1's) is free: every product that read it has completed.
+    if (NS == 2 && c + 1 < chunks) {
       issue(c + 1);
       gn_next[0] = decay(c + 1, 0), gn_next[1] = decay(c + 1, 1);
     }
-    detail::cp_async_commit();
+    if (NS == 2) detail::cp_async_commit();
     if (a.states16) {  // the bf16 chunk-state row: S's hi part is bf16_rn(S)
       __nv_bfloat16* rec = a.states16 + slot * a.saved_s0 + h * a.saved_s1 + col0;
       for (int u = tid; u < Dk * (BV / 8); u += kStateWgmmaThreads) {
@@ -255,6 +261,14 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, 1) state_pass_wgmma_kernel
       detail::wgmma_fence_operand(pv);
       store_output_tile<2>(a, seq, seq.bos + c * kC, h, col0 + H * wg, 16 * wl, chunk_rows(seq, c),
                            sfq(b), qs, pv);
+    }
+    if constexpr (NS == 1) {  // every thread is past its reads of the one stage
+      __syncthreads();
+      if (c + 1 < chunks) {
+        issue(c + 1);
+        gn_next[0] = decay(c + 1, 0), gn_next[1] = decay(c + 1, 1);
+      }
+      detail::cp_async_commit();
     }
   }
   cp_async_wait<0>();
