@@ -358,10 +358,17 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
 // chunked_backward_fused = 6) given the forward's states (fp32 and bf16, whole and by windows of 3
 // chunk slots; the forward on its warpgroup-product state pass too, chunked_state_pass = 3):
 // every gradient against the float64 reference, and against rule 5 (the same roundings of the
-// operands, products summed in another order) within the same bar, on fused_cases().
+// operands, products summed in another order) within the same bar, on fused_cases() and a varlen
+// batch of more blocks than SMs (the pass's one-stage form).
 TEST(CudaChunkedBackward, WgmmaReversePass) {
   REQUIRE_GPU();
   auto cases = fused_cases();
+  {  // more blocks (sequences x value heads x 4) than SMs: the pass's one-stage form
+    Case c = base_case(1, 0, 1, 2, 128);
+    for (int n = 0; n < 48; ++n) c.seqlens.push_back(1 + (37 * n) % 150);
+    c.h0 = c.final_state = true;
+    cases.emplace_back("wgmma pass, 384 blocks", make_problem(c));
+  }
   for (auto& [family, d] : cases) {
     const BackwardResult ref = reference_backward(d);
     const double tol = backward_tolerance(d.c);

@@ -14,8 +14,8 @@
 // The tiles of chunk c - 1 (P, Kd, Qs, W, the dO rows) are copied by cp.async into the other
 // stage while chunk c computes; every shared write a product reads is followed, in the writing
 // thread, by fence.proxy.async and a barrier. Two barriers per chunk, as the bf16 pass.
-// Shared memory (bytes): 2 stages x (P 8 K, Kd, Qs, W 16 K each, dO 4 K), dS hi / lo 16 K,
-// dVnew hi / lo 8 K: 144 KB, one block per SM.
+// Shared memory (bytes): NS stages x (P 8 K, Kd, Qs, W 16 K each, dO 4 K), dS hi / lo 16 K,
+// dVnew hi / lo 8 K: 144 KB (NS = 2), 85 KB (NS = 1).
 #pragma once
 
 #include <cstddef>
@@ -29,7 +29,8 @@ namespace gdr::cuda::chunked {
 
 inline constexpr int kBwdStateWgmmaThreads = 256;  // two warpgroups
 
-// Byte offsets of the kernel's shared-memory regions (tiles: 128-byte aligned).
+// Byte offsets of the kernel's shared-memory regions (tiles: 128-byte aligned); NS stages.
+template <int NS = 2>
 struct BwdStateWgmmaSmem {
   static constexpr int Dk = wgmma_pass::kDk, BV = wgmma_pass::kBV;
   static constexpr std::size_t p_tile = std::size_t(kC) * kC * 2;
@@ -39,13 +40,19 @@ struct BwdStateWgmmaSmem {
   static constexpr std::size_t P = 0, Kd = P + p_tile, Qs = Kd + rows_tile, W = Qs + rows_tile,
                                dO = W + rows_tile;
   static constexpr std::size_t stage = dO + o_tile;
-  static constexpr std::size_t Shi = 2 * stage, Slo = Shi + s_tile, Vhi = Slo + s_tile,
+  static constexpr std::size_t Shi = NS * stage, Slo = Shi + s_tile, Vhi = Slo + s_tile,
                                Vlo = Vhi + o_tile;
   static constexpr std::size_t bytes = Vlo + o_tile;
 };
 
-__global__ void __launch_bounds__(kBwdStateWgmmaThreads, 1) bwd_state_wgmma_kernel(BwdArgs b) {
-  using L = BwdStateWgmmaSmem;
+// NS = 2: chunk c - 1's tiles are copied while chunk c computes (one block per SM). NS = 1: one
+// stage, chunk c - 1's copies issued after chunk c's last product (85 KB: two blocks per SM, each
+// hiding the other's copies), for launches of more blocks than SMs.
+template <int NS = 2>
+__global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
+    bwd_state_wgmma_kernel(BwdArgs b) {
+  static_assert(NS == 1 || NS == 2, "one or two stages");
+  using L = BwdStateWgmmaSmem<NS>;
   constexpr int Dk = L::Dk, BV = L::BV, H = wgmma_pass::kHalf;
   using wgmma_layout::tile_offset;
   const ChunkArgs& a = b.c;
@@ -70,9 +77,9 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, 1) bwd_state_wgmma_kern
   const bool from_dht = c_hi == seq.chunks;
   const bool to_dh0 = c_lo == 0;
   auto item = [&](std::int64_t c) { return (seq.slot0 + c - a.slot_base) * a.Hv + h; };
-  // Chunk c's tiles into stage c & 1 (dO rows past the chunk zero).
+  // Chunk c's tiles into stage c % NS (dO rows past the chunk zero).
   auto issue = [&](std::int64_t c) {
-    const int s = static_cast<int>(c & 1);
+    const int s = static_cast<int>(c % NS);
     const std::int64_t p = item(c);
     copy_tile<kC>(tile(s, L::P), a.P16 + p * kC * kC, kC, kC);
     copy_tile<Dk>(tile(s, L::Kd), a.Kd16 + p * kC * Dk, Dk, kC);
@@ -107,7 +114,7 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, 1) bwd_state_wgmma_kern
   detail::cp_async_commit();
 
   for (std::int64_t c = c_hi - 1; c >= c_lo; --c) {
-    const int s = static_cast<int>(c & 1);
+    const int s = static_cast<int>(c % NS);
     const std::int64_t pidx = item(c);
     const float gn = a.gn[pidx];
     // Publish dS (hi + lo tiles) for Kd dS; the dS record straight from the registers.
@@ -115,8 +122,8 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, 1) bwd_state_wgmma_kern
     cp_async_wait<0>();  // chunk c's tiles (this thread's copies)
     detail::fence_proxy_async_smem();
     __syncthreads();  // #1: dS published, chunk c's tiles landed; chunk c + 1's stage free
-    if (c > c_lo) issue(c - 1);
-    detail::cp_async_commit();
+    if (NS == 2 && c > c_lo) issue(c - 1);
+    if (NS == 2) detail::cp_async_commit();
     // dVnew = P^T dO + Kd dS on columns 16 wg .. 16 wg + 15.
     float dv[2][4] = {};
     detail::wgmma_fence_operand(dv);
@@ -188,6 +195,11 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, 1) bwd_state_wgmma_kern
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dS[j][e] -= wv[j][e];
+    if constexpr (NS == 1) {  // every thread is past its reads of the one stage
+      __syncthreads();
+      if (c > c_lo) issue(c - 1);
+      detail::cp_async_commit();
+    }
   }
   cp_async_wait<0>();
   // dS leaving the window: into the carry (an earlier window continues from it) or dh0.

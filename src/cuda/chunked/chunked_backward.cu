@@ -102,15 +102,25 @@ void launch_bwd_state_bf16(const BwdArgs& b, int device, cudaStream_t stream, co
 }
 
 // The reverse pass on warpgroup products (bwd_state_wgmma_kernel.cuh): the bf16 operands given,
-// 32 value columns per block.
-void launch_bwd_state_wgmma(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::bwd_state_wgmma_kernel;
-  constexpr std::size_t smem = chunked::BwdStateWgmmaSmem::bytes;
+// 32 value columns per block; two stages of copies where the blocks fit one wave, else one (two
+// blocks per SM).
+template <int NS>
+void launch_bwd_state_wgmma_stages(const BwdArgs& b, int device, cudaStream_t stream,
+                                   const char* op) {
+  const auto kernel = chunked::bwd_state_wgmma_kernel<NS>;
+  constexpr std::size_t smem = chunked::BwdStateWgmmaSmem<NS>::bytes;
   prepare(kernel, smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(b.c.N), static_cast<unsigned>(b.c.Hv),
                 static_cast<unsigned>(b.c.Dv / chunked::wgmma_pass::kBV)),
            chunked::kBwdStateWgmmaThreads, smem, stream>>>(b);
   check(cudaGetLastError(), op, "bwd_state_wgmma_kernel launch");
+}
+void launch_bwd_state_wgmma(const BwdArgs& b, int device, cudaStream_t stream, const char* op) {
+  const std::int64_t blocks = b.c.N * b.c.Hv * (b.c.Dv / chunked::wgmma_pass::kBV);
+  if (blocks > sm_count(device, op))
+    launch_bwd_state_wgmma_stages<1>(b, device, stream, op);
+  else
+    launch_bwd_state_wgmma_stages<2>(b, device, stream, op);
 }
 
 // bwd_dvb + bwd_key fused into bwd_chunk_bf16_kernel (its header states where it applies); with
