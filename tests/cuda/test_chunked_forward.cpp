@@ -435,8 +435,9 @@ TEST(CudaChunkedForward, StoredStatePass) {
 // chunked_state_pass = 3, 32 value columns; one and two stages of copies, chunked_state_buffers)
 // wherever the bf16 pass runs: the output inside it
 // (without `saved`, with bf16 `saved`, with fp32 `saved`: q S on S's hi part or on hi + lo), the
-// output kernel after it (overlap 1) and overlapped with it (overlap 2), the stored Kd rows
-// (per-key gate, a mask, f16 inputs); both layouts, varlen with empty and 1-token sequences,
+// output kernel after it (overlap 1) and overlapped with it (overlap 2), the stored Qs, Kd rows
+// (per-key gate, a mask, f16 inputs) with the output inside the pass (per-key, f16) and after it
+// (per-key with a mask); both layouts, varlen with empty and 1-token sequences,
 // mild, strong and g = -30 decay, beta 1, GQA; against the float64 reference, the saved chunk
 // states against the CPU path's.
 TEST(CudaChunkedForward, WgmmaStatePass) {

@@ -89,7 +89,7 @@ template <bool FuseOut, bool Stored, int NS>
 void launch_state_wgmma_stages(const ChunkArgs& a, int device, cudaStream_t stream,
                                const char* op) {
   const auto kernel = FuseOut && a.saved
-                          ? chunked::state_pass_wgmma_kernel<FuseOut, false, FuseOut, NS>
+                          ? chunked::state_pass_wgmma_kernel<FuseOut, Stored, FuseOut, NS>
                           : chunked::state_pass_wgmma_kernel<FuseOut, Stored, false, NS>;
   constexpr std::size_t smem = chunked::StateWgmmaSmem<FuseOut, NS>::bytes;
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
@@ -109,17 +109,38 @@ void launch_state_wgmma(const ChunkArgs& a, int stages, int device, cudaStream_t
     launch_state_wgmma_stages<FuseOut, Stored, 2>(a, device, stream, op);
 }
 
-// Whether the output is computed inside the bf16 state pass (state_pass_bf16_kernel<BV, true>)
-// instead of by chunk_output_kernel: where that pass runs (row factors, Dk = 128, unsplit, not
-// forced to the general pass), unless DecodeOverrides::chunked_overlap = 1 or 2 asks for the output
+// Value columns per block of the unsplit state pass: 32, 16 when 32 would leave more than half the
+// SMs idle; DecodeOverrides::chunked_state_columns = 16 or 32 forces it.
+int state_columns(const Problem& prob, const DecodeOverrides& forced, int sms) {
+  if (forced.chunked_state_columns == 16 || forced.chunked_state_columns == 32)
+    return forced.chunked_state_columns;
+  return 2 * prob.N * prob.Hv * (prob.Dv / 32) <= sms ? 16 : 32;
+}
+
+// Whether the warpgroup-product pass runs (state_pass_wgmma_kernel.cuh; opt-in until it has run on
+// a GPU: DecodeOverrides::chunked_state_pass = 3): wherever the bf16 pass would (bf16 scratch,
+// Dk = 128, unsplit) with 32 value columns.
+bool wgmma_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
+                      int sms, int smem_optin) {
+  return forced.chunked_state_pass == 3 && prob.dtype != DType::f32 &&
+         prob.Dk == chunked::kStateBf16Dk && a.seg_chunks == 0 &&
+         state_columns(prob, forced, sms) == 32 &&
+         chunked::StateWgmmaSmem<true>::bytes <= static_cast<std::size_t>(smem_optin);
+}
+
+// Whether the output is computed inside the state pass instead of by chunk_output_kernel: where the
+// bf16 pass runs on the row-factor path (row factors, Dk = 128, unsplit, not forced to the general
+// pass; state_pass_bf16_kernel<BV, true>), and wherever the warpgroup pass runs (also on the
+// stored Qs, Kd rows), unless DecodeOverrides::chunked_overlap = 1 or 2 asks for the output
 // kernel. The rule since 350ff10 (H100, ef0210b, bench/results/2026-12-07-chunk-knobs-h100-ef0210b
 // .json): 16-24% less time than the overlapped output kernel on every scalar-gate benchmark row
 // (1 x 16384: 2.52 -> 2.12 ms, 8 x 4096: 5.04 -> 4.02, 1 x 65536: 9.52 -> 7.67).
-bool fused_output(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
+bool fused_output(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced, int sms,
                   int smem_optin) {
-  return forced.chunked_overlap != 1 && forced.chunked_overlap != 2 && a.row_factors &&
-         prob.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 && a.seg_chunks == 0 &&
-         a.slots > 0 &&
+  if (forced.chunked_overlap == 1 || forced.chunked_overlap == 2 || a.slots == 0) return false;
+  if (wgmma_state_pass(a, prob, forced, sms, smem_optin)) return true;
+  return a.row_factors && prob.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 &&
+         a.seg_chunks == 0 &&
          chunked::state_bf16_smem_bytes<32, true>() <= static_cast<std::size_t>(smem_optin);
 }
 
@@ -159,11 +180,8 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     chunked::launch_state_kernel<16, St>(a, buffers(a.seg_slots * prob.Hv * prob.Dv / 16, 16), 2,
                                          dev, stream, op);
   } else {
-    // 32 value columns per block, 16 when 32 would leave more than half the SMs idle.
     const std::int64_t blocks32 = prob.N * prob.Hv * (prob.Dv / 32);
-    int bv = 2 * blocks32 <= sms ? 16 : 32;
-    if (forced.chunked_state_columns == 16 || forced.chunked_state_columns == 32)
-      bv = forced.chunked_state_columns;
+    const int bv = state_columns(prob, forced, sms);
     const int nbuf = buffers(blocks32 * (32 / bv), bv);
     // Overlap of the output kernel with this pass (src/cuda/chunked/chunked_kernels.cuh): on by
     // rule where the output kernel reads the chunk states with 16-byte copies (cp.async.cg, L2:
@@ -191,14 +209,13 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     const int stages = forced.chunked_state_buffers == 3 || forced.chunked_state_buffers == 4
                            ? forced.chunked_state_buffers
                            : 2;
-    // The warpgroup-product pass (opt-in until it has run on a GPU: DecodeOverrides::
-    // chunked_state_pass = 3) wherever the bf16 pass would run with 32 value columns.
-    const bool wgmma = forced.chunked_state_pass == 3 && bv == 32 && (fuse_out || state_bf16) &&
-                       chunked::StateWgmmaSmem<true>::bytes <= static_cast<std::size_t>(smem_optin);
+    const bool wgmma = wgmma_state_pass(a, prob, forced, sms, smem_optin);
     const int wgmma_stages = forced.chunked_state_buffers == 1 || forced.chunked_state_buffers == 2
                                  ? forced.chunked_state_buffers
                                  : (blocks32 > sms ? 1 : 2);
-    if (wgmma && fuse_out)
+    if (wgmma && fuse_out && stored)
+      launch_state_wgmma<true, true>(a, wgmma_stages, dev, stream, op);
+    else if (wgmma && fuse_out)
       launch_state_wgmma<true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma && stored)
       launch_state_wgmma<false, true>(a, wgmma_stages, dev, stream, op);
@@ -289,7 +306,7 @@ void chunked_forward(const Problem& prob, const ForwardParams& p, const ExecConf
   a.row_factors = !a.per_key && prob.dtype == DType::bf16 && !in.mask.defined() &&
                   chunked::rows_16byte_aligned(in.q) && chunked::rows_16byte_aligned(in.k);
   // The output inside the state pass needs no chunk-state rows of its own (only `saved`'s).
-  const bool fuse_out = fused_output(a, prob, overrides, smem_optin);
+  const bool fuse_out = fused_output(a, prob, overrides, sms, smem_optin);
   const bool own_states = !p.saved.defined() && !fuse_out;
   const std::int64_t st_elems = items * (kC * ((a.row_factors ? 1 : 3) * prob.Dk + prob.Dv + kC) +
                                          (own_states ? prob.Dk * prob.Dv : 0));

@@ -17,7 +17,9 @@
 //   S      <- diag(gn) S + k^T (diag(fk) Vnew)_hi + k^T (..)_lo   warpgroup wg: rows 64 wg ..,
 //            8 x m64n32k16 with the k rows [C][Dk] read M-major (k^T, transposed in the
 //            instruction);
-//   (FuseOut) o = diag(fq) (q S) + P Vnew    4 x m64n16k16, P [C][C] (zero above the diagonal).
+//   (FuseOut) o = diag(fq) (q S) + P Vnew    4 x m64n16k16, P [C][C] (zero above the diagonal);
+//            Stored: o = Qs S + P Vnew on the stored Qs rows (prep's, with the gates and masks in
+//            them), in the input dtype, as chunk_output_kernel's stored-Qs path.
 // Tiles (wgmma_layout.h; the operand descriptions in state_pass_wgmma_layout.h): W, k rows (Stored:
 // the Kd rows), q rows, P, staged by 16-byte cp.async a chunk ahead (two stages); S hi / lo and the
 // Vnew tiles written by the threads. Every shared write that a product reads is followed, in the
@@ -62,6 +64,26 @@ struct StateWgmmaSmem {
   static constexpr std::size_t bytes = fq + (FuseOut ? NS * kC * 4 : 0);
 };
 
+// The stored path's output of one warp's 16 x 16 tile (the fragment of store_output_tile<2>):
+// o = (Qs S)[r, j] + (P Vnew)[r, j] in the input dtype, rows r0 + lg and r0 + lg + 8 (< len), as
+// chunk_output_kernel's stored-Qs path writes it.
+__device__ __forceinline__ void store_stored_output_tile(const ChunkArgs& a, const SeqInfo& seq,
+                                                         std::int64_t t0, int h, int col, int r0,
+                                                         int len, const float (&qs)[2][4],
+                                                         const float (&pv)[2][4]) {
+  const int lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = r0 + lg + 8 * (e >> 1);
+      if (r < len)
+        store_from_float(
+            a.o, seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col + 8 * j + 2 * lc + (e & 1),
+            a.in_dtype, qs[j][e] + pv[j][e]);
+    }
+}
+
 // OutLo (FuseOut, given fp32 `saved`; the launch says): q S with S's lo part too, as the output
 // kernel's fp32-state path; S's hi part alone otherwise (its bf16-state path).
 // NS = 2: chunk c + 1's copies are issued as chunk c starts (one block per SM: 151 KB with the
@@ -72,7 +94,6 @@ template <bool FuseOut, bool Stored = false, bool OutLo = false, int NS = 2>
 __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
     state_pass_wgmma_kernel(ChunkArgs a) {
   static_assert(NS == 1 || NS == 2, "one or two stages");
-  static_assert(!(FuseOut && Stored), "the stored path's output is chunk_output_kernel's");
   static_assert(FuseOut || !OutLo, "OutLo is the fused output's");
   static_assert(wgmma_pass::kRows == kC, "the layout's chunk length is kC");
   using L = StateWgmmaSmem<FuseOut, NS>;
@@ -123,9 +144,12 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
       copy_token_tile<Dk>(sK(b), a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC, hk, len);
     }
     if constexpr (FuseOut) {
-      copy_token_tile<Dk>(sQ(b), a.q, a.q_sb, a.q_st, a.q_sh, seq.b, seq.bos + c * kC, hk, len);
+      if constexpr (Stored)  // the stored Qs rows (prep's diag(..) q), no row factor
+        copy_tile<Dk>(sQ(b), static_cast<const __nv_bfloat16*>(a.Qs) + item(c) * kC * Dk, Dk, kC);
+      else
+        copy_token_tile<Dk>(sQ(b), a.q, a.q_sb, a.q_st, a.q_sh, seq.b, seq.bos + c * kC, hk, len);
       copy_tile<kC>(sP(b), static_cast<const __nv_bfloat16*>(a.P) + item(c) * kC * kC, kC, kC);
-      copy_rows(sfq(b), kC, a.fq + item(c) * kC, kC, 1, kC);
+      if constexpr (!Stored) copy_rows(sfq(b), kC, a.fq + item(c) * kC, kC, 1, kC);
     }
   };
   // S[j][e]: state row 16 warp + lg + 8 (e >> 1), column 8 j + 2 lc + (e & 1) of the slice (the
@@ -259,8 +283,12 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
     // col0 + 16 wg ...
     if constexpr (FuseOut) {
       detail::wgmma_fence_operand(pv);
-      store_output_tile<2>(a, seq, seq.bos + c * kC, h, col0 + H * wg, 16 * wl, chunk_rows(seq, c),
-                           sfq(b), qs, pv);
+      if constexpr (Stored)
+        store_stored_output_tile(a, seq, seq.bos + c * kC, h, col0 + H * wg, 16 * wl,
+                                 chunk_rows(seq, c), qs, pv);
+      else
+        store_output_tile<2>(a, seq, seq.bos + c * kC, h, col0 + H * wg, 16 * wl,
+                             chunk_rows(seq, c), sfq(b), qs, pv);
     }
     if constexpr (NS == 1) {  // every thread is past its reads of the one stage
       __syncthreads();
