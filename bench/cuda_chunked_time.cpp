@@ -12,8 +12,8 @@
 // --segments S forces the state pass's segment split (DecodeOverrides::chunked_segments: S chunks
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
 // pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
-// state pass or overlapped with it or 3 inside the bf16 state pass, --prep 1|2 the general prep
-// kernel or the bf16 one (where it applies), --state-pass 1|2|3 the general state pass or the bf16
+// state pass or overlapped with it or 3 inside the bf16 state pass, --prep 1|2|3 the general prep
+// kernel or the bf16 one (where it applies) or that one on warpgroup products, --state-pass 1|2|3 the general state pass or the bf16
 // one with the state in registers (wherever it applies, the stored Kd rows included) or that one
 // on warpgroup products (32 value columns),
 // --tinv 1|2 the prep kernels' Tinv by lanes or by columns (DecodeOverrides::chunked_tinv),
@@ -258,7 +258,9 @@ int main(int argc, char** argv) {
                  "bf16 state pass where it runs (0 the rule)")
       ->check(CLI::Range(0, 3));
   app.add_option("--prep", overrides.chunked_prep,
-                 "prep kernel: 1 the general one, 2 the bf16 one where it applies (0 the rule)");
+                 "prep kernel: 1 the general one, 2 the bf16 one where it applies, 3 that one on "
+                 "warpgroup products at Dk = Dv = 128, also in the backward's recompute (0 the "
+                 "rule)");
   app.add_option("--state-pass", overrides.chunked_state_pass,
                  "state pass: 1 the general one, 2 the bf16 one with the state in registers "
                  "wherever it applies, also on the stored Kd rows, 3 that one on warpgroup "

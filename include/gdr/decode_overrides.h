@@ -63,7 +63,10 @@ struct DecodeOverrides {
                                     //   chunk slots per window of its per-chunk scratch (> 0)
   int chunked_prep = 0;             // the chunked forward's prep kernel: 1 = the general one
                                     //   (fp32 staging, tf32 products), 2 = the bf16 one where it
-                                    //   applies (the rule: row factors, 16-byte aligned rows)
+                                    //   applies (the rule: row factors, 16-byte aligned rows),
+                                    //   3 = that one on warpgroup products at Dk = Dv = 128 (also
+                                    //   the backward's recompute; opt-in until it has run on a
+                                    //   GPU)
   int chunked_state_pass = 0;       // the chunked forward's unsplit state pass: 1 = the general
                                     //   one (state in shared memory), 2 = the bf16 one with the
                                     //   state in registers wherever it applies (bf16 scratch,

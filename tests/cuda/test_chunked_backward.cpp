@@ -358,8 +358,9 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
 // chunked_backward_fused = 6) given the forward's states (fp32 and bf16, whole and by windows of 3
 // chunk slots; the forward on its warpgroup-product state pass too, chunked_state_pass = 3):
 // every gradient against the float64 reference, and against rule 5 (the same roundings of the
-// operands, products summed in another order) within the same bar, on fused_cases() and a varlen
-// batch of more blocks than SMs (the pass's one-stage form).
+// operands, products summed in another order) within the same bar, also with the recompute's
+// prep on warpgroup products (chunked_prep = 3), on fused_cases() and a varlen batch of more
+// blocks than SMs (the pass's one-stage form).
 TEST(CudaChunkedBackward, WgmmaReversePass) {
   REQUIRE_GPU();
   auto cases = fused_cases();
@@ -382,13 +383,18 @@ TEST(CudaChunkedBackward, WgmmaReversePass) {
       for (int window : {0, 3}) {
         const std::string label = family + (sv == &saved ? " (saved)" : " (bf16 saved)") +
                                   (window ? ", windows" : "") + ": " + describe(d.c, d.seed);
-        DecodeOverrides rule5, rule6;
+        DecodeOverrides rule5, rule6, prep3;
         rule5.chunked_backward_fused = 5;
-        rule6.chunked_backward_fused = 6;
+        rule6.chunked_backward_fused = prep3.chunked_backward_fused = 6;
+        prep3.chunked_prep = 3;  // the recompute's prep on warpgroup products too
         rule5.chunked_backward_window = rule6.chunked_backward_window = window;
+        prep3.chunked_backward_window = window;
         const BackwardResult got = run_backward_cuda(d, nullptr, *sv, Path::automatic, &rule6);
         note("wgmma reverse pass", got, ref);
         expect_backward_close(got, ref, tol, label);
+        const BackwardResult got3 = run_backward_cuda(d, nullptr, *sv, Path::automatic, &prep3);
+        note("wgmma reverse pass, wgmma prep", got3, ref);
+        expect_backward_close(got3, ref, tol, label + ", wgmma prep");
         const BackwardResult bf16_pass =
             run_backward_cuda(d, nullptr, *sv, Path::automatic, &rule5);
         expect_backward_close(got, bf16_pass, tol, label + " against rule 5");

@@ -292,14 +292,15 @@ TEST(CudaChunkedForward, Bf16ScratchManyChunks) {
     }
 }
 
-// The two prep kernels of the row-factor path (scalar gate, bf16, no mask): the general one
-// (fp32 staging, tf32 products; DecodeOverrides::chunked_prep = 1) and the bf16 one (products on
-// the raw rows, the Tinv factors split into bf16 hi + lo; prep_bf16_kernel.cuh, the rule), each
-// against the float64 reference: head dims 64 / 128 / 256, the fused options, GQA, g = -30, varlen
+// The prep kernels of the row-factor path (scalar gate, bf16, no mask): the general one (fp32
+// staging, tf32 products; DecodeOverrides::chunked_prep = 1), the bf16 one (products on the raw
+// rows, the Tinv factors split into bf16 hi + lo; prep_bf16_kernel.cuh, the rule) and its
+// warpgroup-product form (chunked_prep = 3 at Dk = Dv = 128, else the bf16 one), each against the
+// float64 reference: head dims 64 / 128 / 256, the fused options, GQA, g = -30, varlen
 // with empty and 1-token sequences, h0 and the final state.
 TEST(CudaChunkedForward, PrepKernels) {
   REQUIRE_GPU();
-  for (int prep : {1, 2})
+  for (int prep : {1, 2, 3})
     for (int opts = 0; opts < 5; ++opts) {
       Case c = base_case(opts == 3 ? 1 : 2, opts == 3 ? 0 : 64 * 3 + 5, 2, 4, 128);
       if (opts == 1) c.Dv = 256;
@@ -315,6 +316,21 @@ TEST(CudaChunkedForward, PrepKernels) {
       o.chunked_prep = prep;
       check_chunked("prep kernel " + std::to_string(prep), c, opts == 0, 0, o);
     }
+  // The warpgroup form at its extremes: beta 1 (the largest A), g = -30, with the warpgroup
+  // state pass too.
+  for (int pass : {2, 3}) {
+    Case c = base_case(1, 64 * 2 + 33, 1, 2, 128);
+    c.h0 = c.final_state = true;
+    TestData d = make_problem(c);
+    d.beta.fill(1.0);
+    DecodeOverrides o;
+    o.chunked_prep = 3;
+    o.chunked_state_pass = pass;
+    o.chunked_state_columns = 32;
+    check_chunked("prep kernel 3, beta 1", d, true, -1, o);
+    d.g.fill(-30.0);
+    check_chunked("prep kernel 3, beta 1, g=-30", d, true, -1, o);
+  }
 }
 
 // Tinv by columns (tinv.cuh, DecodeOverrides::chunked_tinv = 2) against the float64 reference in

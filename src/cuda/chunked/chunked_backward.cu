@@ -77,7 +77,8 @@ void launch_bwd_state(const BwdArgs& b, int device, cudaStream_t stream, const c
 void launch_prep_bf16_bwd(const chunked::ChunkArgs& a, int device, cudaStream_t stream,
                           const char* op) {
   if (chunked::window_slots(a) == 0) return;
-  const auto kernel = chunked::chunk_prep_bf16_kernel<true>;
+  const auto kernel = a.prep_wgmma ? chunked::chunk_prep_bf16_kernel<true, true>
+                                   : chunked::chunk_prep_bf16_kernel<true>;
   const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv);
   prepare(kernel, smem, device, op);
   kernel<<<dim3(static_cast<unsigned>(chunked::window_slots(a)), static_cast<unsigned>(a.Hv)),

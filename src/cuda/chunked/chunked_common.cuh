@@ -142,6 +142,9 @@ struct ChunkArgs {
   // Tinv's schedule in the prep kernels (tinv.cuh): false by lanes (the rule), true by columns
   // (DecodeOverrides::chunked_tinv = 2).
   bool tinv_by_columns;
+  // The bf16 prep kernel's warpgroup-product form (prep_bf16_kernel.cuh Wg; DecodeOverrides::
+  // chunked_prep = 3, Dk = Dv = 128).
+  bool prep_wgmma;
   // Diagnostics, null but when DecodeOverrides::prep_phase_cycles is given: the prep kernel's
   // clock64 cycles per phase (phase_mark).
   unsigned long long* phase_cycles;

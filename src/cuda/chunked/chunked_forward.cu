@@ -60,7 +60,8 @@ void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const ch
 
 // The bf16 prep kernel (prep_bf16_kernel.cuh): grid (window slots, Hv).
 void launch_prep_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::chunk_prep_bf16_kernel<false>;
+  const auto kernel = a.prep_wgmma ? chunked::chunk_prep_bf16_kernel<false, true>
+                                   : chunked::chunk_prep_bf16_kernel<false>;
   const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(chunked::window_slots(a)), static_cast<unsigned>(a.Hv)),

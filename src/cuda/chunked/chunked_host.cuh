@@ -87,6 +87,7 @@ inline void take_prep_overrides(ChunkArgs& a, const DecodeOverrides* forced) {
   if (!forced) return;
   a.phase_cycles = forced->prep_phase_cycles;
   a.tinv_by_columns = forced->chunked_tinv == 2;
+  a.prep_wgmma = forced->chunked_prep == 3 && a.Dk == 128 && a.Dv == 128;
 }
 
 // Chunk slots of the launch's window [slot_base, min(slot_end, slots)) (chunked_common.cuh).

@@ -26,11 +26,13 @@
 
 #include "cuda/chunked/chunked_common.cuh"
 #include "cuda/chunked/tinv.cuh"
+#include "cuda/common/wgmma.cuh"
 
 namespace gdr::cuda::chunked {
 
 inline constexpr int kPrepBf16Threads = 256;
-inline constexpr int kLdT16 = kC + 8;  // row stride (bf16) of the split Tinv factors
+inline constexpr int kLdT16 = kC + 8;    // row stride (bf16) of the split Tinv factors
+inline constexpr int kPrepWgmmaD = 128;  // Dk = Dv of the warpgroup-product form
 
 struct PrepBf16Smem {
   std::size_t k, q, v, a, tu, small;
@@ -96,13 +98,59 @@ __device__ __forceinline__ void split_factor_rows(St* out, int D, const __nv_bfl
   }
 }
 
+// The warpgroup-product form (Wg, DecodeOverrides::chunked_prep = 3; Dk = Dv = 128):
+// out [C][128] = F X by the calling warpgroup, F = hi + lo tiles [C][C] (K-major, wgmma_layout.h)
+// and X the rows' tile [C][128] read N-major, 64 columns at a time (8 x m64n64k16 each: the k steps
+// of the zero blocks above Tinv's diagonal too); out16 as split_factor_rows'.
+template <class St>
+__device__ __forceinline__ void split_factor_rows_wgmma(St* out, const unsigned char* hi,
+                                                        const unsigned char* lo,
+                                                        const unsigned char* sX,
+                                                        __nv_bfloat16* out16 = nullptr) {
+  using wgmma_layout::kmajor_operand;
+  using wgmma_layout::mnmajor_operand;
+  constexpr int D = kPrepWgmmaD;
+  const int wl = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    float acc[8][4] = {};
+    detail::wgmma_fence_operand(acc);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks)
+      detail::wgmma_m64n64k16<false, true>(
+          acc, detail::wgmma_desc(hi, kmajor_operand(kC, 0, 16 * ks)),
+          detail::wgmma_desc(sX, mnmajor_operand(D, 16 * ks, 64 * half)), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks)
+      detail::wgmma_m64n64k16<false, true>(
+          acc, detail::wgmma_desc(lo, kmajor_operand(kC, 0, 16 * ks)),
+          detail::wgmma_desc(sX, mnmajor_operand(D, 16 * ks, 64 * half)));
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_fence_operand(acc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * wl + lg + 8 * hf, col = 64 * half + 8 * j + 2 * lc;
+        store_pair(out + r * D + col, acc[j][2 * hf], acc[j][2 * hf + 1]);
+        if (out16) store_pair(out16 + r * D + col, acc[j][2 * hf], acc[j][2 * hf + 1]);
+      }
+  }
+}
+
 // Bwd: the backward's recompute (chunked_backward.cu, the fused path): the same products, written
 // in the backward's fp32 scratch (W, U, P, Qs = scale diag(e^G nq) q, Kd = diag(e^{G_n - G} nk) k
 // stored instead of the row factors) with its extra outputs: Tinv, KK = strict_lower(Gam .* nk nk^T
 // .* k k^T), G, and per key head the normalised rows nq q, nk k (by the group's first value head).
 // With a.P16 (the bf16 reverse pass's operands, chunked_common.cuh): P, Kd, Qs in bf16 only and W
 // in both.
-template <bool Bwd = false>
+// Wg (ChunkArgs::prep_wgmma, DecodeOverrides::chunked_prep = 3; Dk = Dv = 128; opt-in until it
+// has run on a GPU): the q, k, v rows and the split factors as warpgroup-product tiles
+// (wgmma_layout.h), K K^T and Q K^T as 8 m64n64k16 per warpgroup (one each), W and U as
+// split_factor_rows_wgmma (one warpgroup each); the rest as above.
+template <bool Bwd = false, bool Wg = false>
 __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(ChunkArgs a) {
   using St = std::conditional_t<Bwd, float, __nv_bfloat16>;
   extern __shared__ float4 smem4[];
@@ -129,6 +177,15 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   float* sNk = sNq + kC;
   float* sFw = sNk + kC;  // beta e^G nk: W's column factor
 
+  // Element (r, i) of the staged q, k rows (Dk columns) and of the split factors (C columns).
+  auto at_k = [&](int r, int i) {
+    return Wg ? static_cast<int>(wgmma_layout::tile_offset(r, i, kPrepWgmmaD) / 2) : r * ldK + i;
+  };
+  auto at_t = [&](int r, int j) {
+    return Wg ? static_cast<int>(wgmma_layout::tile_offset(r, j, kC) / 2) : r * kLdT16 + j;
+  };
+  auto bytes = [](const __nv_bfloat16* x) { return reinterpret_cast<const unsigned char*>(x); };
+
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const std::int64_t wslot = blockIdx.x;
   const std::int64_t slot = a.slot_base + wslot;
@@ -150,11 +207,20 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   __shared__ long long phase_last;
   phase_mark(a.phase_cycles, phase_last, -1);
 
-  copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
-  copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
-  detail::cp_async_commit();
-  copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
-  detail::cp_async_commit();
+  if constexpr (Wg) {
+    auto tile = [](__nv_bfloat16* x) { return reinterpret_cast<unsigned char*>(x); };
+    copy_token_tile<kPrepWgmmaD>(tile(sK), a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len);
+    copy_token_tile<kPrepWgmmaD>(tile(sQ), a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len);
+    detail::cp_async_commit();
+    copy_token_tile<kPrepWgmmaD>(tile(sV), a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len);
+    detail::cp_async_commit();
+  } else {
+    copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
+    copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
+    detail::cp_async_commit();
+    copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
+    detail::cp_async_commit();
+  }
   if (tid < kC) {  // beta and the log decay per row; rows past the chunk: 0 (identity steps)
     float beta = 0.f, g = 0.f;
     if (tid < len) {
@@ -171,6 +237,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
     sNq[tid] = sNk[tid] = 1.f;
   }
   cp_async_wait<1>();  // this thread's q, k copies
+  if constexpr (Wg) detail::fence_proxy_async_smem();
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 0);
   if (tid == 0) {  // G in token order, as the CPU paths (the roundings cancel in G_r - G_j)
@@ -191,9 +258,9 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
       float sk = 0.f, sq = 0.f;
       for (int i = 2 * lane; i < Dk; i += 64) {
         const float2 kf =
-            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sK + r * ldK + i));
+            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sK + at_k(r, i)));
         const float2 qf =
-            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sQ + r * ldK + i));
+            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sQ + at_k(r, i)));
         sk += kf.x * kf.x + kf.y * kf.y;
         sq += qf.x * qf.x + qf.y * qf.y;
       }
@@ -214,42 +281,88 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   St* Pg = static_cast<St*>(a.P) + pidx * kC * kC;
   const bool op16 = Bwd && a.P16 != nullptr;  // uniform
   const int lg = lane >> 2, lc = lane & 3;
-  {
-    const int r0 = 16 * (warp & 3), j0 = 32 * (warp >> 2);
-    float kk[4][4] = {}, qk[4][4] = {};
-    if (j0 <= r0 + 15) {
-      const int a_off = (r0 + (lane & 15)) * ldK + 8 * (lane >> 4);
-      const __nv_bfloat16* bK =
-          sK + (j0 + (lane & 7) + ((lane >> 4) << 3)) * ldK + 8 * ((lane >> 3) & 1);
-      for (int k0 = 0; k0 < Dk; k0 += 16) {
-        const uint4 ak = detail::ldmatrix_x4(sK + a_off + k0);
-        const uint4 aq = detail::ldmatrix_x4(sQ + a_off + k0);
-        const uint4 b01 = detail::ldmatrix_x4(bK + k0);
-        const uint4 b23 = detail::ldmatrix_x4(bK + 16 * ldK + k0);
-        detail::mma_bf16_n32(kk, ak, b01, b23);
-        detail::mma_bf16_n32(qk, aq, b01, b23);
-      }
-    }
+  if constexpr (Wg) {
+    // Warpgroup 0: K K^T, warpgroup 1: Q K^T, whole (64 x 64, the zero blocks too); each then
+    // forms its half of the epilogue below (A and KK, or P).
+    const int wg = warp >> 2, wl = warp & 3;
+    float acc[8][4] = {};
+    const unsigned char* sX = bytes(wg ? sQ : sK);
+    detail::wgmma_fence_operand(acc);
+    detail::wgmma_fence();
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      float pv[4];
+    for (int ks = 0; ks < kPrepWgmmaD / 16; ++ks)
+      detail::wgmma_m64n64k16<false, false>(
+          acc, detail::wgmma_desc(sX, wgmma_layout::kmajor_operand(kPrepWgmmaD, 0, 16 * ks)),
+          detail::wgmma_desc(bytes(sK), wgmma_layout::kmajor_operand(kPrepWgmmaD, 0, 16 * ks)),
+          ks > 0);
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_fence_operand(acc);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
-        const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
-        const float kkn = j < r ? gam * sNk[r] * sNk[j] * kk[nt][e] : 0.f;
-        sA[r * kLdA + j] = sBeta[r] * kkn;
-        if constexpr (Bwd) a.KK_out[pidx * kC * kC + r * kC + j] = kkn;
-        pv[e] = a.scale * gam * sNq[r] * sNk[j] * qk[nt][e];
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * wl + lg + 8 * hf, j = 8 * nt + 2 * lc;
+        float out[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float gam = j + e <= r ? expf(sG[r] - sG[j + e]) : 0.f;
+          if (wg == 0) {
+            const float kkn = j + e < r ? gam * sNk[r] * sNk[j + e] * acc[nt][2 * hf + e] : 0.f;
+            sA[r * kLdA + j + e] = sBeta[r] * kkn;
+            out[e] = kkn;
+          } else {
+            out[e] = a.scale * gam * sNq[r] * sNk[j + e] * acc[nt][2 * hf + e];
+          }
+        }
+        if (wg == 0) {
+          if constexpr (Bwd)
+            *reinterpret_cast<float2*>(a.KK_out + pidx * kC * kC + r * kC + j) =
+                make_float2(out[0], out[1]);
+        } else if (op16) {
+          store_pair(a.P16 + pidx * kC * kC + r * kC + j, out[0], out[1]);
+        } else {
+          store_pair(Pg + r * kC + j, out[0], out[1]);
+        }
       }
-      const int r = r0 + lg, j = j0 + 8 * nt + 2 * lc;
-      if (op16) {
-        __nv_bfloat16* P16 = a.P16 + pidx * kC * kC;
-        store_pair(P16 + r * kC + j, pv[0], pv[1]);
-        store_pair(P16 + (r + 8) * kC + j, pv[2], pv[3]);
-      } else {
-        store_pair(Pg + r * kC + j, pv[0], pv[1]);
-        store_pair(Pg + (r + 8) * kC + j, pv[2], pv[3]);
+  } else {
+    {
+      const int r0 = 16 * (warp & 3), j0 = 32 * (warp >> 2);
+      float kk[4][4] = {}, qk[4][4] = {};
+      if (j0 <= r0 + 15) {
+        const int a_off = (r0 + (lane & 15)) * ldK + 8 * (lane >> 4);
+        const __nv_bfloat16* bK =
+            sK + (j0 + (lane & 7) + ((lane >> 4) << 3)) * ldK + 8 * ((lane >> 3) & 1);
+        for (int k0 = 0; k0 < Dk; k0 += 16) {
+          const uint4 ak = detail::ldmatrix_x4(sK + a_off + k0);
+          const uint4 aq = detail::ldmatrix_x4(sQ + a_off + k0);
+          const uint4 b01 = detail::ldmatrix_x4(bK + k0);
+          const uint4 b23 = detail::ldmatrix_x4(bK + 16 * ldK + k0);
+          detail::mma_bf16_n32(kk, ak, b01, b23);
+          detail::mma_bf16_n32(qk, aq, b01, b23);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        float pv[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = r0 + lg + 8 * (e >> 1), j = j0 + 8 * nt + 2 * lc + (e & 1);
+          const float gam = j <= r ? expf(sG[r] - sG[j]) : 0.f;
+          const float kkn = j < r ? gam * sNk[r] * sNk[j] * kk[nt][e] : 0.f;
+          sA[r * kLdA + j] = sBeta[r] * kkn;
+          if constexpr (Bwd) a.KK_out[pidx * kC * kC + r * kC + j] = kkn;
+          pv[e] = a.scale * gam * sNq[r] * sNk[j] * qk[nt][e];
+        }
+        const int r = r0 + lg, j = j0 + 8 * nt + 2 * lc;
+        if (op16) {
+          __nv_bfloat16* P16 = a.P16 + pidx * kC * kC;
+          store_pair(P16 + r * kC + j, pv[0], pv[1]);
+          store_pair(P16 + (r + 8) * kC + j, pv[2], pv[3]);
+        } else {
+          store_pair(Pg + r * kC + j, pv[0], pv[1]);
+          store_pair(Pg + (r + 8) * kC + j, pv[2], pv[3]);
+        }
       }
     }
   }
@@ -273,9 +386,9 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
     for (int e = tid; e < kC * Dk / 2; e += kPrepBf16Threads) {
       const int r = e / (Dk / 2), i = 2 * (e - r * (Dk / 2));
       const float2 qf =
-          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sQ + r * ldK + i));
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sQ + at_k(r, i)));
       const float2 kf =
-          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sK + r * ldK + i));
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sK + at_k(r, i)));
       const float nq = sNq[r], nk = sNk[r];
       const float fq = a.scale * expf(sG[r]) * nq, fk = expf(sG[kC - 1] - sG[r]) * nk;
       if (op16) {
@@ -306,18 +419,28 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
       *reinterpret_cast<float2*>(a.Tinv_out + pidx * kC * kC + r * kC + j) = make_float2(t0v, t1v);
     std::uint32_t hi, lo;
     detail::split_bf16(t0v * sFw[j], t1v * sFw[j + 1], hi, lo);
-    *reinterpret_cast<std::uint32_t*>(sTwHi + r * kLdT16 + j) = hi;
-    *reinterpret_cast<std::uint32_t*>(sTwLo + r * kLdT16 + j) = lo;
+    *reinterpret_cast<std::uint32_t*>(sTwHi + at_t(r, j)) = hi;
+    *reinterpret_cast<std::uint32_t*>(sTwLo + at_t(r, j)) = lo;
     detail::split_bf16(t0v * sBeta[j], t1v * sBeta[j + 1], hi, lo);
-    *reinterpret_cast<std::uint32_t*>(sTuHi + r * kLdT16 + j) = hi;
-    *reinterpret_cast<std::uint32_t*>(sTuLo + r * kLdT16 + j) = lo;
+    *reinterpret_cast<std::uint32_t*>(sTuHi + at_t(r, j)) = hi;
+    *reinterpret_cast<std::uint32_t*>(sTuLo + at_t(r, j)) = lo;
   }
   cp_async_wait<0>();  // this thread's v copies
+  if constexpr (Wg) detail::fence_proxy_async_smem();
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 5);
-  split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK,
-                    op16 ? a.W16 + pidx * kC * Dk : nullptr);
-  split_factor_rows(static_cast<St*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
+  if constexpr (Wg) {  // W by warpgroup 0, U by warpgroup 1
+    if (warp < 4)
+      split_factor_rows_wgmma(static_cast<St*>(a.W) + pidx * kC * Dk, bytes(sTwHi), bytes(sTwLo),
+                              bytes(sK), op16 ? a.W16 + pidx * kC * Dk : nullptr);
+    else
+      split_factor_rows_wgmma(static_cast<St*>(a.U) + pidx * kC * Dv, bytes(sTuHi), bytes(sTuLo),
+                              bytes(sV));
+  } else {
+    split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK,
+                      op16 ? a.W16 + pidx * kC * Dk : nullptr);
+    split_factor_rows(static_cast<St*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
+  }
   if (a.phase_cycles) {  // the block's end: its last warp to finish
     __syncthreads();
     phase_mark(a.phase_cycles, phase_last, 6);
