@@ -437,6 +437,16 @@ __device__ __forceinline__ void wait_prior_grids() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+// The overlap's progress counter of a state-pass block (sequence n, value head h, the column block
+// blockIdx.z of BV columns), or null without the overlap; with it, the output kernel may launch
+// once every block of the pass has started (programmatic dependent launch).
+__device__ __forceinline__ int* state_pass_progress(const ChunkArgs& a, std::int64_t n, int h,
+                                                    int BV) {
+  if (!a.progress) return nullptr;
+  launch_dependents();
+  return a.progress + (n * a.Hv + h) * (a.Dv / BV) + blockIdx.z;
+}
+
 // cp.async: wait until at most N of this thread's committed groups are pending; 4-byte copy.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

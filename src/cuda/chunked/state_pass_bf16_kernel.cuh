@@ -86,11 +86,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   const int Dv = a.Dv;
   const SeqInfo seq = seq_info(a, n);
   const std::int64_t chunks = seq.chunks;
-  int* progress = nullptr;
-  if (a.progress) {  // the output kernel may launch once every block of this grid has started
-    launch_dependents();
-    progress = a.progress + (n * a.Hv + h) * (Dv / BV) + blockIdx.z;
-  }
+  int* progress = state_pass_progress(a, n, h, BV);
   const __nv_bfloat16* gW = static_cast<const __nv_bfloat16*>(a.W);
   __nv_bfloat16* gU = static_cast<__nv_bfloat16*>(a.U);
   auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
