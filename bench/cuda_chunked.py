@@ -115,6 +115,7 @@ def main():
         meta = dict(
             command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
             commit=os.environ.get("GDR_COMMIT", "unknown"), device=torch.cuda.get_device_name(),
+            overrides=os.environ.get("GDR_OVERRIDES", ""),  # gdr's forced kernel choices, if any
             torch=torch.__version__, cuda=torch.version.cuda, fla=fla_version,
             triton=getattr(__import__("triton"), "__version__", None), seed=1234,
             method="CUDA events per call, median of reps after warm-up, input sets rotated")

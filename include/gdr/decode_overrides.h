@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace gdr {
 
@@ -105,6 +106,14 @@ struct DecodeOverrides {
   // and v's arrival, W and U, and adds 1 to [7]; bench/cuda_chunked_time --prep-cycles.
   unsigned long long* prep_phase_cycles = nullptr;
 };
+
+// The overrides written as "field=value,field=value" (each field of DecodeOverrides by its name,
+// the kernel by its number; the diagnostic counters are not settable), e.g.
+// "chunked_state_pass=3,chunked_prep=3": the Python module reads it from the environment variable
+// GDR_OVERRIDES once (python/src/gdr_module.cpp), so that benchmarks through torch can A/B a
+// switch without a rebuild. Throws InvalidArgument naming `what`, the item and what is allowed for
+// an unknown field or a value that is not an integer.
+DecodeOverrides parse_decode_overrides(const std::string& spec, const char* what = "GDR_OVERRIDES");
 
 inline constexpr int kBackwardPhaseCounters = 9;
 inline constexpr int kPrepPhaseCounters = 8;

@@ -14,11 +14,13 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "gdr/decode_overrides.h"
 #include "gdr/gdr.h"
 
 namespace nb = nanobind;
@@ -143,6 +145,20 @@ gdr::Options to_options(double scale, const std::string& state_layout, bool gate
   return o;
 }
 
+// GDR_OVERRIDES (gdr/decode_overrides.h parse_decode_overrides): forced kernel choices for
+// benchmarks through torch, e.g. GDR_OVERRIDES=chunked_state_pass=3; read on the first call (a
+// bad value raises ValueError, "<op>: GDR_OVERRIDES: ...", on every call); unset or empty: the
+// rules.
+const gdr::DecodeOverrides* env_overrides(const char* op) {
+  static const std::optional<gdr::DecodeOverrides> forced =
+      [op]() -> std::optional<gdr::DecodeOverrides> {
+    const char* spec = std::getenv("GDR_OVERRIDES");
+    if (spec == nullptr || *spec == '\0') return std::nullopt;
+    return gdr::parse_decode_overrides(spec, (std::string(op) + ": GDR_OVERRIDES").c_str());
+  }();
+  return forced ? &*forced : nullptr;
+}
+
 // `op` must outlive the call (it is the caller's std::string).
 gdr::ExecConfig to_config(const std::string& path, int chunk_size, int num_threads,
                           std::uintptr_t stream, bool check_values, const char* op) {
@@ -153,6 +169,7 @@ gdr::ExecConfig to_config(const std::string& path, int chunk_size, int num_threa
   c.stream = reinterpret_cast<void*>(stream);
   c.check_values = check_values;
   c.op_name = op;
+  c.decode_overrides = env_overrides(op);
   return c;
 }
 
