@@ -13,9 +13,9 @@
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
 // pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
 // state pass or overlapped with it or 3 inside the bf16 state pass, --prep 1|2|3 the general prep
-// kernel or the bf16 one (where it applies) or that one on warpgroup products, --state-pass 1|2|3 the general state pass or the bf16
-// one with the state in registers (wherever it applies, the stored Kd rows included) or that one
-// on warpgroup products (32 value columns),
+// kernel or the bf16 one (where it applies) or that one on warpgroup products, --state-pass 1|2|3
+// the general state pass or the bf16 one with the state in registers (wherever it applies, the
+// stored Kd rows included) or that one on warpgroup products (32 value columns),
 // --tinv 1|2 the prep kernels' Tinv by lanes or by columns (DecodeOverrides::chunked_tinv),
 // --prep-cycles one more call timing the bf16 prep kernel's phases
 // (DecodeOverrides::prep_phase_cycles). --backward also times gdr::backward given the forward's
@@ -381,8 +381,10 @@ int main(int argc, char** argv) {
         const double t = time_forward({B, T, 16, 32, false, {}}, path, reps, overrides, &ok);
         std::printf(
             "{\"device\": \"%s\", \"path\": \"%s\", \"B\": %d, \"T\": %d, \"Hk\": 16, "
-            "\"Hv\": 32, \"gate\": \"scalar\", \"ms\": %.4f, \"ok\": %s}\n",
-            prop.name, path == gdr::Path::chunkwise ? "chunkwise" : "sequential", B, T, t,
+            "\"Hv\": 32, \"gate\": \"scalar\", \"prep\": %d, \"state_pass\": %d, \"tinv\": %d, "
+            "\"ms\": %.4f, \"ok\": %s}\n",
+            prop.name, path == gdr::Path::chunkwise ? "chunkwise" : "sequential", B, T,
+            overrides.chunked_prep, overrides.chunked_state_pass, overrides.chunked_tinv, t,
             ok ? "true" : "false");
         std::fflush(stdout);
       }
