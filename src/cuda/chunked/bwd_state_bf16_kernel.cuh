@@ -157,23 +157,14 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
   // dS: this warp's rows i0 .. i0 + 15 and columns c0w .. c0w + BV / 2 - 1 of the slice; dS[nt][e]
   // at row i0 + lg + 8 (e >> 1), column c0w + 8 nt + 2 lc + (e & 1).
   const int i0 = 16 * (warp & 7), c0w = (warp >> 3) * (BV / 2);
-  float* carry = b.dS_carry ? b.dS_carry + (n * a.Hv + h) * Dk * Dv + col0 : nullptr;
+  // dS entering the window: dfinal_state (zeros without it) or the carry of a later window
+  // ([N, Hv, Dk, Dv], k-first).
+  const std::int64_t carry = (n * a.Hv + h) * Dk * Dv;
   float dS[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = i0 + lg + 8 * (e >> 1), j = c0w + 8 * nt + 2 * lc + (e & 1);
-      float s = 0.f;
-      if (!from_dht) {
-        s = carry[std::int64_t(i) * Dv + j];
-      } else if (b.dht) {
-        const std::int64_t base = n * b.dht_s0 + h * b.dht_s1;
-        s = a.v_first ? b.dht[base + (col0 + j) * b.dht_s2 + i]
-                      : b.dht[base + i * b.dht_s2 + col0 + j];
-      }
-      dS[nt][e] = s;
-    }
+  if (from_dht)
+    load_state_slice(b.dht, n * b.dht_s0 + h * b.dht_s1, b.dht_s2, a.v_first, col0 + c0w, i0, dS);
+  else
+    load_state_slice(b.dS_carry, carry, Dv, false, col0 + c0w, i0, dS);
   // Prologue: chunk c_hi - 1's operands and dO (its P, Kd converted here), chunk c_hi - 2's P, Kd
   // in flight. cp.async groups: each chunk commits {Qs, W, dO of c - 1} after its first barrier
   // and {P, Kd of c - 2} after its second.
@@ -286,27 +277,11 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
     }
   }
   cp_async_wait<0>();
-  if (!to_dh0) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = i0 + lg + 8 * (e >> 1), j = c0w + 8 * nt + 2 * lc + (e & 1);
-        carry[std::int64_t(i) * Dv + j] = dS[nt][e];
-      }
-  } else if (b.dh0) {
-    const std::int64_t base = n * b.dh0_s0 + h * b.dh0_s1;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = i0 + lg + 8 * (e >> 1), j = col0 + c0w + 8 * nt + 2 * lc + (e & 1);
-        if (a.v_first)
-          b.dh0[base + j * b.dh0_s2 + i] = dS[nt][e];
-        else
-          b.dh0[base + i * b.dh0_s2 + j] = dS[nt][e];
-      }
-  }
+  // dS leaving the window: into the carry (an earlier window continues from it) or dh0.
+  if (to_dh0)
+    store_state_slice(b.dh0, n * b.dh0_s0 + h * b.dh0_s1, b.dh0_s2, a.v_first, col0 + c0w, i0, dS);
+  else
+    store_state_slice(b.dS_carry, carry, Dv, false, col0 + c0w, i0, dS);
 }
 
 }  // namespace gdr::cuda::chunked

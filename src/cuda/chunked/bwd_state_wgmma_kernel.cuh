@@ -93,23 +93,14 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
 
   // dS[j][e]: row 16 warp + lg + 8 (e >> 1), column 8 j + 2 lc + (e & 1) of the slice.
   const int i0 = 16 * warp;
-  float* carry = b.dS_carry ? b.dS_carry + (n * a.Hv + h) * Dk * Dv + col0 : nullptr;
+  // dS entering the window: dfinal_state (zeros without it) or the carry of a later window
+  // ([N, Hv, Dk, Dv], k-first).
+  const std::int64_t carry = (n * a.Hv + h) * Dk * Dv;
   float dS[4][4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = i0 + lg + 8 * (e >> 1), col = 8 * j + 2 * lc + (e & 1);
-      float s = 0.f;
-      if (!from_dht) {
-        s = carry[std::int64_t(i) * Dv + col];
-      } else if (b.dht) {
-        const std::int64_t base = n * b.dht_s0 + h * b.dht_s1;
-        s = a.v_first ? b.dht[base + (col0 + col) * b.dht_s2 + i]
-                      : b.dht[base + i * b.dht_s2 + col0 + col];
-      }
-      dS[j][e] = s;
-    }
+  if (from_dht)
+    load_state_slice(b.dht, n * b.dht_s0 + h * b.dht_s1, b.dht_s2, a.v_first, col0, i0, dS);
+  else
+    load_state_slice(b.dS_carry, carry, Dv, false, col0, i0, dS);
   if (c_hi > c_lo) issue(c_hi - 1);
   detail::cp_async_commit();
 
@@ -120,7 +111,7 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
     // Publish dS (hi + lo tiles) for Kd dS; the dS record straight from the registers.
     publish_state_tiles(dS, i0, sShi, sSlo, b.dS + pidx * Dk * Dv + col0, Dv);
     cp_async_wait<0>();  // chunk c's tiles (this thread's copies)
-    detail::fence_proxy_async_smem();
+    detail::fence_proxy_async();
     __syncthreads();  // #1: dS published, chunk c's tiles landed; chunk c + 1's stage free
     if (NS == 2 && c > c_lo) issue(c - 1);
     if (NS == 2) detail::cp_async_commit();
@@ -161,7 +152,7 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
           *reinterpret_cast<std::uint32_t*>(sVlo + tile_offset(r, col, BV)) = vl;
         }
     }
-    detail::fence_proxy_async_smem();
+    detail::fence_proxy_async();
     __syncthreads();  // #2: dVnew published
                       // dS <- gn dS + Qs^T dO - W^T dVnew on warpgroup wg's rows.
 #pragma unroll
@@ -203,21 +194,10 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
   }
   cp_async_wait<0>();
   // dS leaving the window: into the carry (an earlier window continues from it) or dh0.
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = i0 + lg + 8 * (e >> 1), col = 8 * j + 2 * lc + (e & 1);
-      if (!to_dh0) {
-        carry[std::int64_t(i) * Dv + col] = dS[j][e];
-      } else if (b.dh0) {
-        const std::int64_t base = n * b.dh0_s0 + h * b.dh0_s1;
-        if (a.v_first)
-          b.dh0[base + (col0 + col) * b.dh0_s2 + i] = dS[j][e];
-        else
-          b.dh0[base + i * b.dh0_s2 + col0 + col] = dS[j][e];
-      }
-    }
+  if (to_dh0)
+    store_state_slice(b.dh0, n * b.dh0_s0 + h * b.dh0_s1, b.dh0_s2, a.v_first, col0, i0, dS);
+  else
+    store_state_slice(b.dS_carry, carry, Dv, false, col0, i0, dS);
 }
 
 }  // namespace gdr::cuda::chunked

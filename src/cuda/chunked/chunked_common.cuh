@@ -277,43 +277,39 @@ __device__ __forceinline__ void store_output_tile(const ChunkArgs& a, const SeqI
   }
 }
 
-// The state slice of the state passes with S in registers (state_pass_bf16_kernel.cuh,
-// state_pass_wgmma_kernel.cuh): S[j][e] is state row i0 + lg + 8 (e >> 1), column
-// col0 + 8 j + 2 lc + (e & 1) of sequence n, value head h (an mma accumulator fragment of the
-// warp's 16 rows from i0). load_state_slice: from h0 (zeros without it); store_final_state: into
-// the final state (when asked); either layout.
+// The state slice of the sequential passes with the state in registers (state_pass_bf16_kernel,
+// state_pass_wgmma_kernel, and the reverse passes' dS: bwd_state_bf16_kernel,
+// bwd_state_wgmma_kernel): S[j][e] is row i0 + lg + 8 (e >> 1), column col0 + 8 j + 2 lc + (e & 1)
+// (an mma accumulator fragment of the warp's 16 rows from i0) of a [Dk, Dv] state in global
+// memory, element (i, col) at p[base + i * s2 + col] (k-first) or p[base + col * s2 + i]
+// (v-first). load_state_slice: zeros where p is null; store_state_slice: nothing where p is null.
 template <int J>
-__device__ __forceinline__ void load_state_slice(const ChunkArgs& a, std::int64_t n, int h,
-                                                 int col0, int i0, float (&S)[J][4]) {
+__device__ __forceinline__ void load_state_slice(const float* p, std::int64_t base, std::int64_t s2,
+                                                 bool v_first, int col0, int i0, float (&S)[J][4]) {
   const int lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
 #pragma unroll
   for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = i0 + lg + 8 * (e >> 1), col = col0 + 8 * j + 2 * lc + (e & 1);
-      float s = 0.f;
-      if (a.h0) {
-        const std::int64_t base = n * a.h0_s0 + h * a.h0_s1;
-        s = a.v_first ? a.h0[base + col * a.h0_s2 + i] : a.h0[base + i * a.h0_s2 + col];
-      }
-      S[j][e] = s;
+      S[j][e] = p ? (v_first ? p[base + col * s2 + i] : p[base + i * s2 + col]) : 0.f;
     }
 }
 template <int J>
-__device__ __forceinline__ void store_final_state(const ChunkArgs& a, std::int64_t n, int h,
-                                                  int col0, int i0, const float (&S)[J][4]) {
-  if (!a.hout) return;
+__device__ __forceinline__ void store_state_slice(float* p, std::int64_t base, std::int64_t s2,
+                                                  bool v_first, int col0, int i0,
+                                                  const float (&S)[J][4]) {
+  if (!p) return;
   const int lane = threadIdx.x & 31, lg = lane >> 2, lc = lane & 3;
-  const std::int64_t base = n * a.hout_s0 + h * a.hout_s1;
 #pragma unroll
   for (int j = 0; j < J; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = i0 + lg + 8 * (e >> 1), col = col0 + 8 * j + 2 * lc + (e & 1);
-      if (a.v_first)
-        a.hout[base + col * a.hout_s2 + i] = S[j][e];
+      if (v_first)
+        p[base + col * s2 + i] = S[j][e];
       else
-        a.hout[base + i * a.hout_s2 + col] = S[j][e];
+        p[base + i * s2 + col] = S[j][e];
     }
 }
 
@@ -506,7 +502,7 @@ __device__ __forceinline__ void copy_token_rows(__nv_bfloat16* dst, int ld, cons
 // The same copies into warpgroup-product tiles (wgmma_layout.h): a bf16 block [rows][cols] (row
 // stride src_ld elements; copy_tile) or C token rows as copy_token_rows reads them
 // (copy_token_tile; rows >= len are zeros), unit u of the tile to byte 16 u so that consecutive
-// threads write consecutive bytes. Completion: cp_async_wait, fence_proxy_async_smem (wgmma.cuh:
+// threads write consecutive bytes. Completion: cp_async_wait, fence_proxy_async (mma_tf32.cuh:
 // the products read through the async proxy), a barrier.
 template <int Cols>
 __device__ __forceinline__ void copy_tile(unsigned char* tile, const __nv_bfloat16* src,

@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
     sNq[tid] = sNk[tid] = 1.f;
   }
   cp_async_wait<1>();  // this thread's q, k copies
-  if constexpr (Wg) detail::fence_proxy_async_smem();
+  if constexpr (Wg) detail::fence_proxy_async();
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 0);
   if (tid == 0) {  // G in token order, as the CPU paths (the roundings cancel in G_r - G_j)
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
     *reinterpret_cast<std::uint32_t*>(sTuLo + at_t(r, j)) = lo;
   }
   cp_async_wait<0>();  // this thread's v copies
-  if constexpr (Wg) detail::fence_proxy_async_smem();
+  if constexpr (Wg) detail::fence_proxy_async();
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 5);
   if constexpr (Wg) {  // W by warpgroup 0, U by warpgroup 1

@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   // 8 nt + 2 lc + (e & 1) of the slice.
   const int i0 = 16 * warp;
   float S[NT][4];
-  load_state_slice(a, n, h, col0, i0, S);
+  load_state_slice(a.h0, n * a.h0_s0 + h * a.h0_s1, a.h0_s2, a.v_first, col0, i0, S);
   // The chunk's decay of this thread's state rows i0 + lg and i0 + lg + 8 (one per chunk, or
   // per key channel under the per-key gate).
   auto decay = [&](std::int64_t c, int hf) {
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   cp_async_wait<0>();
   __syncthreads();
   if (progress && tid == 0 && chunks > 0) store_release(progress, static_cast<int>(chunks));
-  store_final_state(a, n, h, col0, i0, S);
+  store_state_slice(a.hout, n * a.hout_s0 + h * a.hout_s1, a.hout_s2, a.v_first, col0, i0, S);
 }
 
 }  // namespace gdr::cuda::chunked

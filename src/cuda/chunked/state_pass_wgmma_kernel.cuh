@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
   // m64n32 fragment of warpgroup wg's rows 64 wg ..).
   const int i0 = 16 * warp;
   float S[4][4];
-  load_state_slice(a, n, h, col0, i0, S);
+  load_state_slice(a.h0, n * a.h0_s0 + h * a.h0_s1, a.h0_s2, a.v_first, col0, i0, S);
   // The chunk's decay of this thread's state rows i0 + lg and i0 + lg + 8.
   auto decay = [&](std::int64_t c, int hf) {
     return a.per_key ? a.gn[item(c) * Dk + i0 + lg + 8 * hf] : a.gn[item(c)];
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
                         a.saved ? a.saved + slot * a.saved_s0 + h * a.saved_s1 + col0 : nullptr,
                         Dv);
     cp_async_wait<0>();  // chunk c's tiles, U, fk (this thread's copies)
-    detail::fence_proxy_async_smem();
+    detail::fence_proxy_async();
     __syncthreads();
     // Chunk c - 1's Vnew and state row were written by every thread before the barrier.
     if (progress && c > 0 && tid == 0) store_release(progress, static_cast<int>(c));
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
           *reinterpret_cast<std::uint32_t*>(sVlo + tile_offset(r, col, BV)) = vl;
         }
     }
-    detail::fence_proxy_async_smem();
+    detail::fence_proxy_async();
     __syncthreads();
     // S <- diag(gn) S + k^T (diag(fk) Vnew) on warpgroup wg's rows (FuseOut: and P Vnew).
 #pragma unroll
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
   cp_async_wait<0>();
   __syncthreads();
   if (progress && tid == 0 && chunks > 0) store_release(progress, static_cast<int>(chunks));
-  store_final_state(a, n, h, col0, i0, S);
+  store_state_slice(a.hout, n * a.hout_s0 + h * a.hout_s1, a.hout_s2, a.v_first, col0, i0, S);
 }
 
 }  // namespace gdr::cuda::chunked

@@ -113,7 +113,8 @@ __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned count
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
-// Orders this thread's earlier shared-memory accesses before its later bulk copies.
+// Orders this thread's earlier shared-memory accesses (generic proxy) before later accesses
+// through the async proxy: its bulk copies, and (after a barrier) any thread's wgmma operands.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "cuda/common/mma_tf32.cuh"  // smem_addr
+#include "cuda/common/mma_tf32.cuh"  // smem_addr, fence_proxy_async
 #include "cuda/common/wgmma_layout.h"
 
 namespace gdr::cuda::detail {
@@ -28,12 +28,9 @@ __device__ __forceinline__ std::uint64_t wgmma_desc(const void* tile, wgmma_layo
          (std::uint64_t((d.sbo >> 4) & 0x3fffu) << 32);
 }
 
-// Shared-memory writes of the generic proxy (st.shared, cp.async landed and waited for) made
-// visible to the async proxy that wgmma reads through: by every writing thread, before the
-// barrier that precedes the products.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
+// Shared-memory writes of the generic proxy (st.shared, cp.async landed and waited for) are made
+// visible to the async proxy that wgmma reads through by fence_proxy_async (mma_tf32.cuh), by
+// every writing thread, before the barrier that precedes the products.
 // Before the first product of a group whose accumulators the threads wrote.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(128)
     const int r = e / (TransB ? N : K), c = e % (TransB ? N : K);
     *reinterpret_cast<std::uint16_t*>(sB + tile_offset(r, c, TransB ? N : K)) = B[e];
   }
-  fence_proxy_async_smem();
+  fence_proxy_async();
   __syncthreads();
 
   float d[N / 8][4];
