@@ -88,6 +88,9 @@ def main():
     ap.add_argument("--segment", type=int, default=3, help="chunks per segment (algebra check)")
     ap.add_argument("--exact", nargs="*", default=[], choices=list("WUPSVO"))
     ap.add_argument("--stored", action="store_true", help="Qs, Kd stored in bf16")
+    ap.add_argument("--single", action="store_true",
+                    help="the state pass's products on bf16 S and diag(fk) Vnew (one product each, "
+                    "as FLA's bf16 h and v_new), not hi + lo")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     C, scale = 64, a.D ** -0.5
@@ -116,19 +119,21 @@ def main():
     chunks = [prep(q, k, v, g, beta, scale, c, C, rnd["W"], rnd["U"], rnd["P"]) for c in range(nc)]
     S = h0.copy()
     o = np.zeros_like(v)
+    one = bf16 if a.single else ident  # the state pass's product operands
     for c, p in enumerate(chunks):
-        Vn = p["U"] - p["W"] @ S
+        Vn = p["U"] - p["W"] @ one(S)
         if a.stored:
             Qs, Kd = bf16(p["fq"][:, None] * p["Q"]), bf16(p["fk"][:, None] * p["K"])
             oc = Qs @ rnd["S"](S) + p["P"] @ rnd["V"](Vn)
-            S = p["gn"] * S + Kd.T @ Vn
+            S = p["gn"] * S + Kd.T @ one(Vn)
         else:
             oc = p["fq"][:, None] * (p["Q"] @ rnd["S"](S)) + p["P"] @ rnd["V"](Vn)
-            S = p["gn"] * S + p["K"].T @ (p["fk"][:, None] * Vn)
+            S = p["gn"] * S + p["K"].T @ one(p["fk"][:, None] * Vn)
         o[c * C:c * C + p["n"]] = rnd["O"](oc[:p["n"]])
     print(f"bf16 scratch{' (stored Qs, Kd)' if a.stored else ''} "
           f"(exact: {''.join(a.exact) or 'none'}), T={a.T} D={a.D} "
-          f"g=-{a.decay}U(0,1){' beta=1' if a.beta_one else ''}: o {rel(o, o_ref):.2e}, "
+          f"g=-{a.decay}U(0,1){' beta=1' if a.beta_one else ''}"
+          f"{' single products' if a.single else ''}: o {rel(o, o_ref):.2e}, "
           f"final state {rel(S, S_ref):.2e} (bar 5e-3)")
 
 
