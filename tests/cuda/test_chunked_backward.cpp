@@ -256,7 +256,11 @@ TEST(CudaChunkedBackward, SavedFromForwardModes) {
 std::vector<std::pair<std::string, TestData>> fused_cases() {
   std::vector<std::pair<std::string, TestData>> cases;
   for (std::int64_t T : {1, 63, 64, 65, 200}) {
-    Case c = base_case(1, T, 1, 2, 128);
+    // At T = 1, dg holds one entry per value head, each a sum over the whole state (h0 . dS) that
+    // can cancel: with bf16 saved states (h0 rounded, 2^-9 per entry) two heads' relative error
+    // went past the 1e-2 bar on an unlucky seed (1.4e-2; 2.3e-3 on another). Eight value heads
+    // make the norm of dg robust to one cancelling head; the rounding itself is the same.
+    Case c = T == 1 ? base_case(1, T, 2, 8, 128) : base_case(1, T, 1, 2, 128);
     c.layout = T % 2 ? StateLayout::v_first : StateLayout::k_first;
     c.h0 = T != 64;
     c.final_state = T != 65;
@@ -402,13 +406,14 @@ TEST(CudaChunkedBackward, WgmmaReversePass) {
   }
 }
 
-// Tinv by columns (tinv.cuh, DecodeOverrides::chunked_tinv = 2) in the backward's recompute (the
-// bf16 prep's backward mode and the general prep) and in the forward that saves the states:
-// every gradient against the float64 reference, both gates, fp32 and bf16, g = -30.
-TEST(CudaChunkedBackward, TinvByColumns) {
+// Tinv by lanes (tinv.cuh, DecodeOverrides::chunked_tinv = 1; by columns is the rule, which the
+// other tests run) in the backward's recompute (the bf16 prep's backward mode and the general
+// prep) and in the forward that saves the states: every gradient against the float64 reference,
+// both gates, fp32 and bf16, g = -30.
+TEST(CudaChunkedBackward, TinvByLanes) {
   REQUIRE_GPU();
   DecodeOverrides forced;
-  forced.chunked_tinv = 2;
+  forced.chunked_tinv = 1;
   for (GateKind gate : {GateKind::scalar, GateKind::per_key})
     for (DType dtype : {DType::bf16, DType::f32})
       for (bool g30 : {false, true}) {
@@ -421,15 +426,15 @@ TEST(CudaChunkedBackward, TinvByColumns) {
         const BackwardResult ref = reference_backward(d);
         const double tol = backward_tolerance(d.c);
         const std::string label =
-            std::string("tinv by columns") + (g30 ? " g=-30" : "") + ": " + describe(d.c, d.seed);
+            std::string("tinv by lanes") + (g30 ? " g=-30" : "") + ": " + describe(d.c, d.seed);
         const BackwardResult got = run_backward_cuda(d, nullptr, {}, Path::automatic, &forced);
-        note("tinv by columns", got, ref);
+        note("tinv by lanes", got, ref);
         expect_backward_close(got, ref, tol, label + " (recomputed)");
         DeviceMirror m;
         const TensorView saved = forward_saved(d, m, &forced);
         const BackwardResult got_saved =
             run_backward_cuda(d, nullptr, saved, Path::automatic, &forced);
-        note("tinv by columns (saved)", got_saved, ref);
+        note("tinv by lanes (saved)", got_saved, ref);
         expect_backward_close(got_saved, ref, tol, label + " (saved)");
       }
 }

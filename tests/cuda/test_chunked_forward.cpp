@@ -333,12 +333,12 @@ TEST(CudaChunkedForward, PrepKernels) {
   }
 }
 
-// Tinv by columns (tinv.cuh, DecodeOverrides::chunked_tinv = 2) against the float64 reference in
-// every prep kernel that inverts: the bf16 prep (row factors), the general prep with bf16 scratch
-// (per-key gate, a mask) and with fp32 scratch (fp32 inputs, 3xTF32), at mild, extreme and
-// g = -30 decay, beta 1 (the largest A), head dims 64 and 128, varlen with empty and 1-token
-// sequences.
-TEST(CudaChunkedForward, TinvByColumns) {
+// Tinv's two schedules (tinv.cuh: by columns, the rule, which every other test runs, and by lanes,
+// DecodeOverrides::chunked_tinv = 1) against the float64 reference in every prep kernel that
+// inverts: the bf16 prep (row factors), the general prep with bf16 scratch (per-key gate, a mask)
+// and with fp32 scratch (fp32 inputs, 3xTF32), at mild, extreme and g = -30 decay, beta 1 (the
+// largest A), head dims 64 and 128, varlen with empty and 1-token sequences.
+TEST(CudaChunkedForward, TinvSchedules) {
   REQUIRE_GPU();
   for (int variant = 0; variant < 4; ++variant)
     for (Decay decay : {Decay::mild, Decay::extreme}) {
@@ -350,20 +350,26 @@ TEST(CudaChunkedForward, TinvByColumns) {
       c.decay = decay;
       c.h0 = c.final_state = true;
       if (varlen) c.seqlens = {0, 1, 130, 64, 65};
-      DecodeOverrides o;
-      o.chunked_tinv = 2;
-      check_chunked("tinv by columns", c, variant != 1, -1, o);
+      for (int tinv : {1, 2}) {
+        DecodeOverrides o;
+        o.chunked_tinv = tinv;
+        check_chunked(tinv == 1 ? "tinv by lanes" : "tinv by columns", c, variant != 1, -1, o);
+      }
     }
   for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
     Case c = base_case(1, 64 * 2 + 33, 1, 2, 128);
     c.gate = gate;
     TestData d = make_problem(c);
     d.beta.fill(1.0);
-    DecodeOverrides o;
-    o.chunked_tinv = 2;
-    check_chunked("tinv by columns, beta 1", d, false, -1, o);
-    d.g.fill(-30.0);
-    check_chunked("tinv by columns, beta 1, g=-30", d, false, -1, o);
+    for (int tinv : {1, 2}) {
+      DecodeOverrides o;
+      o.chunked_tinv = tinv;
+      const std::string label = tinv == 1 ? "tinv by lanes" : "tinv by columns";
+      check_chunked(label + ", beta 1", d, false, -1, o);
+      TestData d30 = d;
+      d30.g.fill(-30.0);
+      check_chunked(label + ", beta 1, g=-30", d30, false, -1, o);
+    }
   }
 }
 

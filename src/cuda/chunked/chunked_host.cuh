@@ -81,12 +81,16 @@ inline ChunkArgs chunk_inputs(const Problem& prob, const Inputs& in, const Optio
   return a;
 }
 
-// The prep kernels' diagnostic and schedule overrides (DecodeOverrides::prep_phase_cycles,
-// chunked_tinv), for the forward's prep and the backward's recompute alike; null: the rules.
+// The prep kernels' rules and their diagnostic and schedule overrides (DecodeOverrides::
+// prep_phase_cycles, chunked_tinv, chunked_prep), for the forward's prep and the backward's
+// recompute alike; null: the rules. Tinv by columns is the rule (tinv.cuh; H100, a560176,
+// bench/results/2026-12-07-chunk-knobs-h100-a560176.json: the forward 5-8 % faster on every
+// benchmark row, the bf16 prep's Tinv phase 20.0 k -> 9.3 k cycles per block).
 inline void take_prep_overrides(ChunkArgs& a, const DecodeOverrides* forced) {
+  a.tinv_by_columns = true;
   if (!forced) return;
   a.phase_cycles = forced->prep_phase_cycles;
-  a.tinv_by_columns = forced->chunked_tinv == 2;
+  a.tinv_by_columns = forced->chunked_tinv != 1;
   a.prep_wgmma = forced->chunked_prep == 3 && a.Dk == 128 && a.Dv == 128;
 }
 

@@ -6,15 +6,16 @@
 //   by distance d = i - j = 1, 2, 3 (X_ij needs the blocks of column j above it). X_ij is kept in
 //   sA's block (j, i), above the diagonal, which nothing reads (A is strictly lower).
 // Two schedules of the same sums:
-// - by lanes (the rule): the diagonal blocks by four lanes per column with two shuffles and a
-//   warp barrier per row, the products a thread per entry (two shared loads per FMA). About half
-//   of the bf16 prep kernel's time (H100 phase timing, bench/results/2026-12-07-chunk-knobs-h100-
-//   ef0210b.json: 20.0 k of ~38 k cycles per block).
-// - by columns (ChunkArgs::tinv_by_columns, DecodeOverrides::chunked_tinv = 2; opt-in until it has
-//   run on a GPU): the diagonal blocks by a thread per column with the column in registers (no
-//   shuffles or barriers per row), the products by a thread per row and 4 columns (16-byte loads,
-//   one shared load per 4 FMAs; the off-diagonal sums in the same order as by lanes, the diagonal
-//   blocks' in another).
+// - by lanes (DecodeOverrides::chunked_tinv = 1): the diagonal blocks by four lanes per column
+//   with two shuffles and a warp barrier per row, the products a thread per entry (two shared
+//   loads per FMA). About half of the bf16 prep kernel's time (H100 phase timing,
+//   bench/results/2026-12-07-chunk-knobs-h100-ef0210b.json: 20.0 k of ~38 k cycles per block).
+// - by columns (the rule, ChunkArgs::tinv_by_columns): the diagonal blocks by a thread per column
+//   with the column in registers (no shuffles or barriers per row), the products by a thread per
+//   row and 4 columns (16-byte loads, one shared load per 4 FMAs; the off-diagonal sums in the
+//   same order as by lanes, the diagonal blocks' in another). H100 (a560176): the Tinv phase
+//   9.3 k cycles per block, the forward 5-8 % faster on every benchmark row (1 x 16384 1.86 ->
+//   1.72 ms, per-key 1 x 16384 4.88 -> 4.69 ms).
 #pragma once
 
 #include "cuda/chunked/chunked_common.cuh"
