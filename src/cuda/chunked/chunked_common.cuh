@@ -268,11 +268,20 @@ __device__ __forceinline__ void store_output_tile(const ChunkArgs& a, const SeqI
     if (r >= len) continue;
     const float f = fq[r];
     __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col;
+    // The pair (j, j + 1) as one 4-byte store where the row is 4-byte aligned (j is even; the
+    // same roundings), else element by element.
+    const bool pairs = (reinterpret_cast<std::uintptr_t>(orow) & 3) == 0;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int j = 8 * nt + 2 * lc;
-      orow[j] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf], pv[nt][2 * hf]));
-      orow[j + 1] = __float2bfloat16_rn(__fmaf_rn(f, qs[nt][2 * hf + 1], pv[nt][2 * hf + 1]));
+      const float x0 = __fmaf_rn(f, qs[nt][2 * hf], pv[nt][2 * hf]);
+      const float x1 = __fmaf_rn(f, qs[nt][2 * hf + 1], pv[nt][2 * hf + 1]);
+      if (pairs) {
+        *reinterpret_cast<__nv_bfloat162*>(orow + j) = __floats2bfloat162_rn(x0, x1);
+      } else {
+        orow[j] = __float2bfloat16_rn(x0);
+        orow[j + 1] = __float2bfloat16_rn(x1);
+      }
     }
   }
 }
@@ -480,6 +489,45 @@ __device__ __forceinline__ void copy_rows(E* dst, int ld, const E* src, std::int
   for (int e = threadIdx.x; e < rows * wv; e += blockDim.x) {
     const int r = e / wv, i = e - r * wv;
     detail::cp_async16(dst + r * ld + per * i, src + r * src_ld + per * i);
+  }
+}
+
+// copy_rows with the shape known when compiling: a [Rows][Width] block of E (row stride src_ld
+// elements) into shared rows of stride ld by threads 0 .. Threads - 1 of the block, 16 bytes per
+// copy. Thread t copies 16-byte column t % wv (wv = 16-byte columns per row) of rows
+// t / wv + i Threads / wv, so that its offsets are loop invariants: a copy costs a few
+// instructions where copy_rows' runtime shape and stride spend ~20 on the index arithmetic (SASS,
+// sm_90a; the bf16 state pass issues ~15 copies per thread and chunk).
+template <int Rows, int Width, int Threads, class E>
+__device__ __forceinline__ void copy_block(E* dst, int ld, const E* src, std::int64_t src_ld) {
+  constexpr int per = 16 / static_cast<int>(sizeof(E)), wv = Width / per, units = Rows * wv;
+  static_assert(Width % per == 0 && Threads % wv == 0, "whole rows per round of copies");
+  static_assert(units % Threads == 0 || units < Threads, "every thread copies as many units");
+  const unsigned t = threadIdx.x;
+  if (units < Threads && t >= static_cast<unsigned>(units)) return;
+  const int r = static_cast<int>(t / wv), col = per * static_cast<int>(t % wv);
+#pragma unroll
+  for (int i = 0; i < (units + Threads - 1) / Threads; ++i) {
+    const int row = r + i * (Threads / wv);
+    detail::cp_async16(dst + row * ld + col, src + row * src_ld + col);
+  }
+}
+
+// copy_token_rows the same way: C token rows of Width 16-bit elements (rows >= len zeros).
+template <int Width, int Threads>
+__device__ __forceinline__ void copy_token_block(__nv_bfloat16* dst, int ld, const void* src,
+                                                 std::int64_t sb, std::int64_t st, std::int64_t sh,
+                                                 std::int64_t b, std::int64_t t0, int hk, int len) {
+  constexpr int wv = Width / 8, units = kC * wv;
+  static_assert(Width % 8 == 0 && Threads % wv == 0 && units % Threads == 0, "whole rounds");
+  const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(src) + b * sb + hk * sh + t0 * st;
+  const unsigned t = threadIdx.x;
+  const int r = static_cast<int>(t / wv), col = 8 * static_cast<int>(t % wv);
+#pragma unroll
+  for (int i = 0; i < units / Threads; ++i) {
+    const int row = r + i * (Threads / wv);
+    const bool valid = row < len;
+    cp_async16_zfill(dst + row * ld + col, valid ? base + row * st + col : base, valid);
   }
 }
 

@@ -90,25 +90,27 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   const __nv_bfloat16* gW = static_cast<const __nv_bfloat16*>(a.W);
   __nv_bfloat16* gU = static_cast<__nv_bfloat16*>(a.U);
   auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
+  constexpr int NTh = kStateBf16Threads;
   auto issue = [&](std::int64_t c) {
     const int b = static_cast<int>(c % NS);
-    copy_rows(sW + b * kC * ldW, ldW, gW + item(c) * kC * Dk, Dk, kC, Dk);
-    copy_rows(sU + b * kC * ldB, ldB, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
+    copy_block<kC, Dk, NTh>(sW + b * kC * ldW, ldW, gW + item(c) * kC * Dk, Dk);
+    copy_block<kC, BV, NTh>(sU + b * kC * ldB, ldB, gU + item(c) * kC * Dv + col0, Dv);
     const std::int64_t rem = seq.len - c * kC;
+    const int len = rem < kC ? static_cast<int>(rem) : kC;
     if constexpr (Stored) {
-      copy_rows(sK + b * kC * ldW, ldW, static_cast<const __nv_bfloat16*>(a.Kd) + item(c) * kC * Dk,
-                Dk, kC, Dk);
+      copy_block<kC, Dk, NTh>(sK + b * kC * ldW, ldW,
+                              static_cast<const __nv_bfloat16*>(a.Kd) + item(c) * kC * Dk, Dk);
     } else {
-      copy_rows(sfk + b * kC, kC, a.fk + item(c) * kC, kC, 1, kC);
-      copy_token_rows(sK + b * kC * ldW, ldW, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC,
-                      hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
+      copy_block<1, kC, NTh>(sfk + b * kC, kC, a.fk + item(c) * kC, kC);
+      copy_token_block<Dk, NTh>(sK + b * kC * ldW, ldW, a.k, a.k_sb, a.k_st, a.k_sh, seq.b,
+                                seq.bos + c * kC, hk, len);
     }
     if constexpr (FuseOut) {
-      copy_token_rows(sQ + b * kC * ldW, ldW, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, seq.bos + c * kC,
-                      hk, rem < kC ? static_cast<int>(rem) : kC, Dk);
-      copy_rows(sP + b * kC * ldP, ldP, static_cast<const __nv_bfloat16*>(a.P) + item(c) * kC * kC,
-                kC, kC, kC);
-      copy_rows(sfq + b * kC, kC, a.fq + item(c) * kC, kC, 1, kC);
+      copy_token_block<Dk, NTh>(sQ + b * kC * ldW, ldW, a.q, a.q_sb, a.q_st, a.q_sh, seq.b,
+                                seq.bos + c * kC, hk, len);
+      copy_block<kC, kC, NTh>(sP + b * kC * ldP, ldP,
+                              static_cast<const __nv_bfloat16*>(a.P) + item(c) * kC * kC, kC);
+      copy_block<1, kC, NTh>(sfq + b * kC, kC, a.fq + item(c) * kC, kC);
     }
   };
   // FuseOut: q S with S's lo part too where the chunk states are the fp32 record (training), as
@@ -155,10 +157,14 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
         detail::split_bf16(S[nt][2 * hf], S[nt][2 * hf + 1], hi, lo);
         *reinterpret_cast<std::uint32_t*>(sShi + i * ldB + j) = hi;
         *reinterpret_cast<std::uint32_t*>(sSlo + i * ldB + j) = lo;
-        if (a.saved) {
+        if (a.saved) {  // one 8-byte store where aligned (j is even)
           float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * Dv + col0;
-          rec[j] = S[nt][2 * hf];
-          rec[j + 1] = S[nt][2 * hf + 1];
+          if ((reinterpret_cast<std::uintptr_t>(rec + j) & 7) == 0) {
+            *reinterpret_cast<float2*>(rec + j) = make_float2(S[nt][2 * hf], S[nt][2 * hf + 1]);
+          } else {
+            rec[j] = S[nt][2 * hf];
+            rec[j + 1] = S[nt][2 * hf + 1];
+          }
         }
       }
     cp_async_wait<NS - 2>();  // chunk c's W, U, k rows, fk (this thread's copies)
