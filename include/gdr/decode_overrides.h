@@ -66,14 +66,14 @@ struct DecodeOverrides {
                                     //   (fp32 staging, tf32 products), 2 = the bf16 one where it
                                     //   applies (the rule: row factors, 16-byte aligned rows),
                                     //   3 = that one on warpgroup products at Dk = Dv = 128 (also
-                                    //   the backward's recompute; opt-in until it has run on a
-                                    //   GPU)
+                                    //   the backward's recompute; opt-in: correct and slower on
+                                    //   an H100, a560176)
   int chunked_state_pass = 0;       // the chunked forward's unsplit state pass: 1 = the general
                                     //   one (state in shared memory), 2 = the bf16 one with the
                                     //   state in registers wherever it applies (bf16 scratch,
                                     //   Dk = 128; the rule: 2), 3 = that pass on warpgroup
-                                    //   products where it runs with 32 value columns (opt-in
-                                    //   until it has run on a GPU)
+                                    //   products where it runs with 32 value columns (opt-in:
+                                    //   correct and slower on an H100, a560176)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,
@@ -85,7 +85,7 @@ struct DecodeOverrides {
                                     //   operands written in bf16 by the prep given the forward's
                                     //   states (bit-identical to 2; the rule: 5 where it
                                     //   applies, else 2), 6 = 5 with the reverse pass on
-                                    //   warpgroup products (opt-in until it has run on a GPU)
+                                    //   warpgroup products (opt-in: correct and slower, H100)
   int chunked_tinv = 0;             // the chunked prep kernels' Tinv (forward and the backward's
                                     //   recompute): 1 = by lanes, 2 = by columns (a thread per
                                     //   column, registers; the rule: 5-8 % faster forward, H100)

@@ -264,8 +264,8 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   // 7.09 -> 6.89 ms); chunked_backward_fused = 2 forces the fp32 operands.
   const bool op16 =
       prep_bf16 && !own_states && (fused_rule == 0 || fused_rule == 5 || fused_rule == 6);
-  // Rule 6 (opt-in until it has run on a GPU): the reverse pass on warpgroup products wherever
-  // its operands are bf16 (any number of blocks: it has 32 value columns only).
+  // Rule 6 (opt-in: correct and slower on an H100, a560176): the reverse pass on warpgroup products
+  // wherever its operands are bf16 (any number of blocks: it has 32 value columns only).
   b.state_wgmma = op16 && fused_rule == 6;
   b.phase_cycles =
       config.decode_overrides ? config.decode_overrides->backward_phase_cycles : nullptr;

@@ -139,8 +139,8 @@ struct ChunkArgs {
   __nv_bfloat16* Qs16;
   __nv_bfloat16* W16;
   int Hk;
-  // Tinv's schedule in the prep kernels (tinv.cuh): false by lanes (the rule), true by columns
-  // (DecodeOverrides::chunked_tinv = 2).
+  // Tinv's schedule in the prep kernels (tinv.cuh): true by columns (the rule), false by lanes
+  // (DecodeOverrides::chunked_tinv = 1).
   bool tinv_by_columns;
   // The bf16 prep kernel's warpgroup-product form (prep_bf16_kernel.cuh Wg; DecodeOverrides::
   // chunked_prep = 3, Dk = Dv = 128).

@@ -118,8 +118,8 @@ int state_columns(const Problem& prob, const DecodeOverrides& forced, int sms) {
   return 2 * prob.N * prob.Hv * (prob.Dv / 32) <= sms ? 16 : 32;
 }
 
-// Whether the warpgroup-product pass runs (state_pass_wgmma_kernel.cuh; opt-in until it has run on
-// a GPU: DecodeOverrides::chunked_state_pass = 3): wherever the bf16 pass would (bf16 scratch,
+// Whether the warpgroup-product pass runs (state_pass_wgmma_kernel.cuh; opt-in, correct and slower
+// on an H100: DecodeOverrides::chunked_state_pass = 3): wherever the bf16 pass would (bf16 scratch,
 // Dk = 128, unsplit) with 32 value columns.
 bool wgmma_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
                       int sms, int smem_optin) {

@@ -146,10 +146,11 @@ __device__ __forceinline__ void split_factor_rows_wgmma(St* out, const unsigned 
 // .* k k^T), G, and per key head the normalised rows nq q, nk k (by the group's first value head).
 // With a.P16 (the bf16 reverse pass's operands, chunked_common.cuh): P, Kd, Qs in bf16 only and W
 // in both.
-// Wg (ChunkArgs::prep_wgmma, DecodeOverrides::chunked_prep = 3; Dk = Dv = 128; opt-in until it
-// has run on a GPU): the q, k, v rows and the split factors as warpgroup-product tiles
-// (wgmma_layout.h), K K^T and Q K^T as 8 m64n64k16 per warpgroup (one each), W and U as
-// split_factor_rows_wgmma (one warpgroup each); the rest as above.
+// Wg (ChunkArgs::prep_wgmma, DecodeOverrides::chunked_prep = 3; Dk = Dv = 128; opt-in: correct
+// and slower on an H100, a560176, its product phase 4.0 k -> 7.0 k cycles per block): the q, k, v
+// rows and the split factors as warpgroup-product tiles (wgmma_layout.h), K K^T and Q K^T as 8
+// m64n64k16 per warpgroup (one each), W and U as split_factor_rows_wgmma (one warpgroup each); the
+// rest as above.
 template <bool Bwd = false, bool Wg = false>
 __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(ChunkArgs a) {
   using St = std::conditional_t<Bwd, float, __nv_bfloat16>;

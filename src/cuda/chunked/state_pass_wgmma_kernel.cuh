@@ -3,8 +3,10 @@
 // warpgroup products (wgmma.cuh) on operands in shared memory instead of mma.sync on ldmatrix
 // fragments: the pass is bound by its instruction count (Nsight Compute, H100, ef0210b: ~790 warp
 // instructions per warp and chunk, IPC 1.5), and one m64n16k16 stands for the 8 ldmatrix + 16
-// mma a warp issues for the same piece. Opt-in (DecodeOverrides::chunked_state_pass = 3) until it
-// has run on a GPU.
+// mma a warp issues for the same piece. Opt-in (DecodeOverrides::chunked_state_pass = 3): correct
+// and slower on an H100 (a560176: 1 x 16384 forward 2.16 ms against the bf16 pass's 1.86; ncu
+// 1.20 ms against 0.86, ~1230 warp instructions per warp and chunk against ~1100: its copies'
+// index arithmetic and runtime descriptors, docs/cuda-chunked.md §Where the time goes).
 //
 // Per chunk c, for the state slice S [Dk, 32] (fp32, in registers: thread t of warpgroup wg holds
 // the m64n32 accumulator fragment of state rows 64 wg .. 64 wg + 63, i.e. warp w the rows
