@@ -82,10 +82,10 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
   auto issue = [&](std::int64_t c) {
     const int s = static_cast<int>(c % NS);
     const std::int64_t p = item(c);
-    copy_tile<kC>(tile(s, L::P), a.P16 + p * kC * kC, kC, kC);
-    copy_tile<Dk>(tile(s, L::Kd), a.Kd16 + p * kC * Dk, Dk, kC);
-    copy_tile<Dk>(tile(s, L::Qs), a.Qs16 + p * kC * Dk, Dk, kC);
-    copy_tile<Dk>(tile(s, L::W), a.W16 + p * kC * Dk, Dk, kC);
+    copy_tile<kC>(tile(s, L::P), a.P16 + p * kC * kC, kC);
+    copy_tile<Dk>(tile(s, L::Kd), a.Kd16 + p * kC * Dk, Dk);
+    copy_tile<Dk>(tile(s, L::Qs), a.Qs16 + p * kC * Dk, Dk);
+    copy_tile<Dk>(tile(s, L::W), a.W16 + p * kC * Dk, Dk);
     const std::int64_t rem = seq.len - c * kC;
     copy_token_tile<BV>(tile(s, L::dO), static_cast<const __nv_bfloat16*>(b.dout) + col0, b.do_sb,
                         b.do_st, b.do_sh, seq.b, seq.bos + c * kC, h,

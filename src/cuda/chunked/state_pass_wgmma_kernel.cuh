@@ -116,8 +116,12 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
   auto sfk = [&](int b) { return reinterpret_cast<float*>(smem + L::fk) + b * kC; };
   auto sfq = [&](int b) { return reinterpret_cast<float*>(smem + L::fq) + b * kC; };
 
+  const std::uint32_t smem16 = detail::smem_addr(smem) >> 4;
+  auto desc = [smem16](std::uint32_t tile_byte, wgmma_layout::Operand d) {
+    return detail::wgmma_desc16(smem16, tile_byte, d);
+  };
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wg = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
+  const int wg = detail::warpgroup_index(), wl = warp & 3;  // warpgroup, warp within it
   const int lg = lane >> 2, lc = lane & 3;
   const int h = blockIdx.y, hk = h / a.group;
   const int col0 = blockIdx.z * BV;
@@ -131,23 +135,24 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
   auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
   auto issue = [&](std::int64_t c) {
     const int b = static_cast<int>(c % NS);
-    copy_tile<Dk>(sW(b), gW + item(c) * kC * Dk, Dk, kC);
-    copy_rows(sU(b), ldU, gU + item(c) * kC * Dv + col0, Dv, kC, BV);
+    copy_tile<Dk>(sW(b), gW + item(c) * kC * Dk, Dk);
+    copy_block<kC, BV, kStateWgmmaThreads>(sU(b), ldU, gU + item(c) * kC * Dv + col0, Dv);
     const std::int64_t rem = seq.len - c * kC;
     const int len = rem < kC ? static_cast<int>(rem) : kC;
     if constexpr (Stored) {
-      copy_tile<Dk>(sK(b), static_cast<const __nv_bfloat16*>(a.Kd) + item(c) * kC * Dk, Dk, kC);
+      copy_tile<Dk>(sK(b), static_cast<const __nv_bfloat16*>(a.Kd) + item(c) * kC * Dk, Dk);
     } else {
-      copy_rows(sfk(b), kC, a.fk + item(c) * kC, kC, 1, kC);
+      copy_block<1, kC, kStateWgmmaThreads>(sfk(b), kC, a.fk + item(c) * kC, kC);
       copy_token_tile<Dk>(sK(b), a.k, a.k_sb, a.k_st, a.k_sh, seq.b, seq.bos + c * kC, hk, len);
     }
     if constexpr (FuseOut) {
       if constexpr (Stored)  // the stored Qs rows (prep's diag(..) q), no row factor
-        copy_tile<Dk>(sQ(b), static_cast<const __nv_bfloat16*>(a.Qs) + item(c) * kC * Dk, Dk, kC);
+        copy_tile<Dk>(sQ(b), static_cast<const __nv_bfloat16*>(a.Qs) + item(c) * kC * Dk, Dk);
       else
         copy_token_tile<Dk>(sQ(b), a.q, a.q_sb, a.q_st, a.q_sh, seq.b, seq.bos + c * kC, hk, len);
-      copy_tile<kC>(sP(b), static_cast<const __nv_bfloat16*>(a.P) + item(c) * kC * kC, kC, kC);
-      if constexpr (!Stored) copy_rows(sfq(b), kC, a.fq + item(c) * kC, kC, 1, kC);
+      copy_tile<kC>(sP(b), static_cast<const __nv_bfloat16*>(a.P) + item(c) * kC * kC, kC);
+      if constexpr (!Stored)
+        copy_block<1, kC, kStateWgmmaThreads>(sfq(b), kC, a.fq + item(c) * kC, kC);
     }
   };
   // S[j][e]: state row 16 warp + lg + 8 (e >> 1), column 8 j + 2 lc + (e & 1) of the slice (the
@@ -194,6 +199,9 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
             *reinterpret_cast<const uint4*>(sShi + 16 * u);
       }
     }
+    // The tiles of this chunk's stage (bytes from smem; desc: wgmma_desc16).
+    const std::uint32_t tW = L::W + b * L::rows_tile, tK = L::K + b * L::rows_tile,
+                        tQ = L::Q + b * L::rows_tile, tP = L::P + b * L::p_tile;
     // Vnew = U - W S on columns 16 wg .. 16 wg + 15 (FuseOut: and q S on the same columns).
     float ws[2][4] = {}, qs[2][4] = {};
     detail::wgmma_fence_operand(ws);
@@ -201,24 +209,22 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Dk / 16; ++ks)
-      detail::wgmma_m64n16k16<false, true>(ws, detail::wgmma_desc(sW(b), wgmma_pass::ws_a(ks)),
-                                           detail::wgmma_desc(sShi, wgmma_pass::ws_b(wg, ks)),
-                                           ks > 0);
+      detail::wgmma_m64n16k16<false, true>(ws, desc(tW, wgmma_pass::ws_a(ks)),
+                                           desc(L::Shi, wgmma_pass::ws_b(wg, ks)), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < Dk / 16; ++ks)
-      detail::wgmma_m64n16k16<false, true>(ws, detail::wgmma_desc(sW(b), wgmma_pass::ws_a(ks)),
-                                           detail::wgmma_desc(sSlo, wgmma_pass::ws_b(wg, ks)));
+      detail::wgmma_m64n16k16<false, true>(ws, desc(tW, wgmma_pass::ws_a(ks)),
+                                           desc(L::Slo, wgmma_pass::ws_b(wg, ks)));
     if constexpr (FuseOut) {
 #pragma unroll
       for (int ks = 0; ks < Dk / 16; ++ks)
-        detail::wgmma_m64n16k16<false, true>(qs, detail::wgmma_desc(sQ(b), wgmma_pass::ws_a(ks)),
-                                             detail::wgmma_desc(sShi, wgmma_pass::ws_b(wg, ks)),
-                                             ks > 0);
+        detail::wgmma_m64n16k16<false, true>(qs, desc(tQ, wgmma_pass::ws_a(ks)),
+                                             desc(L::Shi, wgmma_pass::ws_b(wg, ks)), ks > 0);
       if constexpr (OutLo) {
 #pragma unroll
         for (int ks = 0; ks < Dk / 16; ++ks)
-          detail::wgmma_m64n16k16<false, true>(qs, detail::wgmma_desc(sQ(b), wgmma_pass::ws_a(ks)),
-                                               detail::wgmma_desc(sSlo, wgmma_pass::ws_b(wg, ks)));
+          detail::wgmma_m64n16k16<false, true>(qs, desc(tQ, wgmma_pass::ws_a(ks)),
+                                               desc(L::Slo, wgmma_pass::ws_b(wg, ks)));
       }
     }
     detail::wgmma_commit();
@@ -261,18 +267,17 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n32k16<true, true>(S, detail::wgmma_desc(sK(b), wgmma_pass::kv_a(wg, ks)),
-                                          detail::wgmma_desc(sVhi, wgmma_pass::kv_b(ks)));
+      detail::wgmma_m64n32k16<true, true>(S, desc(tK, wgmma_pass::kv_a(wg, ks)),
+                                          desc(L::Vhi, wgmma_pass::kv_b(ks)));
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n32k16<true, true>(S, detail::wgmma_desc(sK(b), wgmma_pass::kv_a(wg, ks)),
-                                          detail::wgmma_desc(sVlo, wgmma_pass::kv_b(ks)));
+      detail::wgmma_m64n32k16<true, true>(S, desc(tK, wgmma_pass::kv_a(wg, ks)),
+                                          desc(L::Vlo, wgmma_pass::kv_b(ks)));
     if constexpr (FuseOut) {
 #pragma unroll
       for (int ks = 0; ks < kC / 16; ++ks)
-        detail::wgmma_m64n16k16<false, true>(pv, detail::wgmma_desc(sP(b), wgmma_pass::pv_a(ks)),
-                                             detail::wgmma_desc(sVn, wgmma_pass::pv_b(wg, ks)),
-                                             ks > 0);
+        detail::wgmma_m64n16k16<false, true>(pv, desc(tP, wgmma_pass::pv_a(ks)),
+                                             desc(L::Vn, wgmma_pass::pv_b(wg, ks)), ks > 0);
     }
     detail::wgmma_commit();
     detail::wgmma_wait<0>();

@@ -32,6 +32,25 @@ __device__ __forceinline__ std::uint64_t wgmma_desc(const void* tile, wgmma_layo
 // visible to the async proxy that wgmma reads through by fence_proxy_async (mma_tf32.cuh), by
 // every writing thread, before the barrier that precedes the products.
 // Before the first product of a group whose accumulators the threads wrote.
+// The descriptor of operand d of the tile at byte tile_byte of a shared region whose shared
+// address / 16 is base16 (detail::smem_addr(region) >> 4, once per kernel). Where tile_byte and d
+// are compile-time constants a descriptor costs one add, where wgmma_desc recomputes the address
+// conversion, shifts and masks per instruction. No mask on the sum: shared addresses / 16 stay
+// below 2^14, the width of the address field.
+__device__ __forceinline__ std::uint64_t wgmma_desc16(std::uint32_t base16, std::uint32_t tile_byte,
+                                                      wgmma_layout::Operand d) {
+  return std::uint64_t(base16 + ((tile_byte + d.start) >> 4)) |
+         (std::uint64_t((d.lbo >> 4) & 0x3fffu) << 16) |
+         (std::uint64_t((d.sbo >> 4) & 0x3fffu) << 32);
+}
+
+// The warpgroup index of the calling thread (threadIdx.x / 128) broadcast from lane 0, so that the
+// compiler knows it is uniform across the warp and keeps what depends on it (the descriptors) in
+// uniform registers instead of moving each one there (R2UR) before its instruction.
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
