@@ -73,7 +73,10 @@ struct DecodeOverrides {
                                     //   state in registers wherever it applies (bf16 scratch,
                                     //   Dk = 128; the rule: 2), 3 = that pass on warpgroup
                                     //   products where it runs with 32 value columns (opt-in:
-                                    //   correct and slower on an H100, a560176)
+                                    //   correct and slower on an H100, a560176); 4 = 2 with one
+                                    //   product where it takes two (S and Vnew rounded to bf16
+                                    //   as operands) where the output is inside it (opt-in
+                                    //   until measured; elsewhere as 2)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

@@ -592,6 +592,42 @@ TEST(CudaChunkedForward, FusedOutput) {
     }
 }
 
+// The bf16 pass with single products (DecodeOverrides::chunked_state_pass = 4: S and diag(fk) Vnew
+// rounded to bf16 as the products' operands, the output inside the pass) against the float64
+// reference at the tensor-core bar: both column widths and layouts, mild, strong and extreme
+// decay, varlen with empty and 1-token sequences, the saved fp32 chunk states (the training
+// forward) against the CPU path's, and 4096 tokens at beta 1 and mild decay (the regime where the
+// float64 model's error is largest: a rounding that accumulated would show), then at g = -30.
+TEST(CudaChunkedForward, SingleProductStatePass) {
+  REQUIRE_GPU();
+  DecodeOverrides single;
+  single.chunked_state_pass = 4;
+  for (int bv : {16, 32})
+    for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
+      Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
+      c.decay = decay;
+      c.h0 = c.final_state = true;
+      c.layout = bv == 16 ? StateLayout::v_first : StateLayout::k_first;
+      DecodeOverrides o = single;
+      o.chunked_state_columns = bv;
+      check_chunked("single products", c, decay == Decay::mild, 0, o);
+    }
+  {
+    Case c = base_case(1, 0, 2, 4, 128);
+    c.seqlens = {130, 0, 1, 64, 300};
+    c.h0 = c.final_state = true;
+    check_chunked("single products, varlen", c, true, 0, single);
+  }
+  Case c = base_case(1, 4096, 1, 2, 128);
+  c.decay = Decay::mild;
+  c.h0 = c.final_state = true;
+  TestData d = make_problem(c);
+  d.beta.fill(1.0);
+  check_chunked("single products, beta 1, 4096 tokens", d, false, 0, single);
+  d.g.fill(-30.0);
+  check_chunked("single products, beta 1, g=-30", d, false, 0, single);
+}
+
 TEST(CudaChunkedForward, LongSequence) {
   REQUIRE_GPU();
   Case c = base_case(1, 1 << 17, 1, 1, 64);

@@ -71,10 +71,10 @@ void launch_prep_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const
 
 // The unsplit bf16 state pass (state_pass_bf16_kernel.cuh): grid (N, Hv, Dv / BV); FuseOut: it
 // computes the output too; Stored: it reads the stored Kd rows (no row factors); NS stages of
-// copies.
-template <int BV, bool FuseOut, bool Stored = false, int NS = 2>
+// copies; Single: one product per state-pass product (DecodeOverrides::chunked_state_pass = 4).
+template <int BV, bool FuseOut, bool Stored = false, int NS = 2, bool Single = false>
 void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = chunked::state_pass_bf16_kernel<BV, FuseOut, Stored, NS>;
+  const auto kernel = chunked::state_pass_bf16_kernel<BV, FuseOut, Stored, NS, Single>;
   constexpr std::size_t smem = chunked::state_bf16_smem_bytes<BV, FuseOut, NS>();
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
@@ -222,6 +222,9 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       launch_state_wgmma<false, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma)
       launch_state_wgmma<false>(a, wgmma_stages, dev, stream, op);
+    else if (fuse_out && forced.chunked_state_pass == 4)  // single products (opt-in)
+      bv == 16 ? launch_state_bf16<16, true, false, 2, true>(a, dev, stream, op)
+               : launch_state_bf16<32, true, false, 2, true>(a, dev, stream, op);
     else if (fuse_out && bv == 16)
       launch_state_bf16<16, true>(a, dev, stream, op);
     else if (fuse_out)

@@ -33,6 +33,13 @@
 // so the update reads the Kd rows from scratch in the k rows' place with fk = 1, and scales state
 // row i by gn[i] (the diag(gn) of the per-key gate). The output stays with chunk_output_kernel
 // (its stored-Qs path), which reads the chunk states and Vnew as from the general pass.
+//
+// Single (DecodeOverrides::chunked_state_pass = 4 with the output inside; opt-in until measured):
+// one product where the pass takes two, S and diag(fk) Vnew rounded to bf16 as the products'
+// operands (as FLA's bf16 h and v_new; the carried state and its update stay fp32), also in q S:
+// half the pass's mma and ldmatrix. Float64 model (bench/cuda_chunked_error_model.py --single):
+// D = 128, g = -0.2 U(0,1): o 3.1e-3, final state 2.4e-3 (hi + lo: 3.1e-3 / 1.7e-3); beta = 1,
+// g = -0.01 U(0,1): 4.0e-3 / 3.2e-3 (bar 5e-3).
 #pragma once
 
 #include <cstddef>
@@ -58,9 +65,10 @@ constexpr std::size_t state_bf16_smem_bytes() {
 // output-kernel block fits beside it (the overlap), the forward got slower, 1 x 16384 2.21 ->
 // 2.59 ms, 8 x 4096 4.35 -> 4.87, 1 x 65536 9.40 -> 10.55 (H100, 2026-12-06, one machine): the
 // co-resident output blocks slow the pass, which is the critical path at B = 1.
-template <int BV, bool FuseOut, bool Stored = false, int NS = 2>
+template <int BV, bool FuseOut, bool Stored = false, int NS = 2, bool Single = false>
 __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(ChunkArgs a) {
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
+  static_assert(!Single || (FuseOut && !Stored), "single products: the fused row-factor pass");
   static_assert(NS >= 2 && NS <= 4, "2 to 4 stages of copies");
   static_assert(!(FuseOut && Stored), "the stored path's output is chunk_output_kernel's");
   constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8, ldP = kC + 8;
@@ -115,7 +123,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   };
   // FuseOut: q S with S's lo part too where the chunk states are the fp32 record (training), as
   // the output kernel's fp32-state path; S's hi part alone otherwise (its bf16-state path).
-  const bool out_lo = FuseOut && a.saved != nullptr;
+  const bool out_lo = FuseOut && !Single && a.saved != nullptr;
 
   // S: this warp's rows i0 .. i0 + 15; S[nt][e] at row i0 + lg + 8 (e >> 1), column
   // 8 nt + 2 lc + (e & 1) of the slice.
@@ -156,7 +164,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
         std::uint32_t hi, lo;
         detail::split_bf16(S[nt][2 * hf], S[nt][2 * hf + 1], hi, lo);
         *reinterpret_cast<std::uint32_t*>(sShi + i * ldB + j) = hi;
-        *reinterpret_cast<std::uint32_t*>(sSlo + i * ldB + j) = lo;
+        if constexpr (!Single) *reinterpret_cast<std::uint32_t*>(sSlo + i * ldB + j) = lo;
         if (a.saved) {  // one 8-byte store where aligned (j is even)
           float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * Dv + col0;
           if ((reinterpret_cast<std::uintptr_t>(rec + j) & 7) == 0) {
@@ -199,11 +207,14 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
       for (int k0 = 0; k0 < Dk; k0 += 16) {
         const uint4 w = detail::ldmatrix_x4(cW + k0);
         const uint4 bh = detail::ldmatrix_x4_trans(sShi + b_off + k0 * ldB);
-        const uint4 bl = detail::ldmatrix_x4_trans(sSlo + b_off + k0 * ldB);
+        uint4 bl{};
         detail::mma_bf16(hi[0], w, bh.x, bh.y);
         detail::mma_bf16(hi[1], w, bh.z, bh.w);
-        detail::mma_bf16(lo[0], w, bl.x, bl.y);
-        detail::mma_bf16(lo[1], w, bl.z, bl.w);
+        if constexpr (!Single) {
+          bl = detail::ldmatrix_x4_trans(sSlo + b_off + k0 * ldB);
+          detail::mma_bf16(lo[0], w, bl.x, bl.y);
+          detail::mma_bf16(lo[1], w, bl.z, bl.w);
+        }
         if constexpr (FuseOut) {
           const uint4 qa = detail::ldmatrix_x4(cQ + k0);
           detail::mma_bf16(qs[0], qa, bh.x, bh.y);
@@ -224,8 +235,9 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
           const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
           const float2 u =
               __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(cU + r * ldB + j));
-          const float v0 = u.x - (hi[nt][2 * hf] + lo[nt][2 * hf]);
-          const float v1 = u.y - (hi[nt][2 * hf + 1] + lo[nt][2 * hf + 1]);
+          const float v0 = Single ? u.x - hi[nt][2 * hf] : u.x - (hi[nt][2 * hf] + lo[nt][2 * hf]);
+          const float v1 =
+              Single ? u.y - hi[nt][2 * hf + 1] : u.y - (hi[nt][2 * hf + 1] + lo[nt][2 * hf + 1]);
           if constexpr (FuseOut)  // the bf16 Vnew the output kernel would read from U's place
             store_pair(sVn + r * ldB + j, v0, v1);
           else
@@ -234,7 +246,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
           std::uint32_t vh, vl;
           detail::split_bf16(f * v0, f * v1, vh, vl);
           *reinterpret_cast<std::uint32_t*>(sVhi + r * ldB + j) = vh;
-          *reinterpret_cast<std::uint32_t*>(sVlo + r * ldB + j) = vl;
+          if constexpr (!Single) *reinterpret_cast<std::uint32_t*>(sVlo + r * ldB + j) = vl;
         }
     }
     __syncthreads();
@@ -254,17 +266,21 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
 #pragma unroll
         for (int p = 0; p < NT / 2; ++p) {
           const uint4 bh = detail::ldmatrix_x4_trans(sVhi + b_off + k0 * ldB + 16 * p);
-          const uint4 bl = detail::ldmatrix_x4_trans(sVlo + b_off + k0 * ldB + 16 * p);
           detail::mma_bf16(S[2 * p], kt, bh.x, bh.y);
           detail::mma_bf16(S[2 * p + 1], kt, bh.z, bh.w);
-          detail::mma_bf16(lo[2 * p], kt, bl.x, bl.y);
-          detail::mma_bf16(lo[2 * p + 1], kt, bl.z, bl.w);
+          if constexpr (!Single) {
+            const uint4 bl = detail::ldmatrix_x4_trans(sVlo + b_off + k0 * ldB + 16 * p);
+            detail::mma_bf16(lo[2 * p], kt, bl.x, bl.y);
+            detail::mma_bf16(lo[2 * p + 1], kt, bl.z, bl.w);
+          }
         }
       }
+      if constexpr (!Single) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) S[nt][e] += lo[nt][e];
+          for (int e = 0; e < 4; ++e) S[nt][e] += lo[nt][e];
+      }
     }
     // FuseOut: O = diag(fq) (q S) + P Vnew on the warp's tile, rows < the chunk's length to o
     // (the output kernel's arithmetic: P Vnew over k blocks <= the row block, one fma per element).
