@@ -65,9 +65,14 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
   unsigned char* sVhi = smem + L::Vhi;
   unsigned char* sVlo = smem + L::Vlo;
 
+  // Descriptors from the region's shared address / 16 and constant tile offsets (wgmma_desc16).
+  const std::uint32_t smem16 = detail::smem_addr(smem) >> 4;
+  auto desc = [smem16](std::uint32_t tile_byte, wgmma_layout::Operand d) {
+    return detail::wgmma_desc16(smem16, tile_byte, d);
+  };
   const int Dv = a.Dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wg = warp >> 2, wl = warp & 3;
+  const int wg = detail::warpgroup_index(), wl = warp & 3;
   const int lg = lane >> 2, lc = lane & 3;
   const std::int64_t n = blockIdx.x;
   const int h = blockIdx.y;
@@ -116,25 +121,23 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
     __syncthreads();  // #1: dS published, chunk c's tiles landed; chunk c + 1's stage free
     if (NS == 2 && c > c_lo) issue(c - 1);
     if (NS == 2) detail::cp_async_commit();
+    const std::uint32_t st = s * L::stage;  // this chunk's stage (bytes)
     // dVnew = P^T dO + Kd dS on columns 16 wg .. 16 wg + 15.
     float dv[2][4] = {};
     detail::wgmma_fence_operand(dv);
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n16k16<true, true>(
-          dv, detail::wgmma_desc(tile(s, L::P), wgmma_pass::pt_a(ks)),
-          detail::wgmma_desc(tile(s, L::dO), wgmma_pass::pv_b(wg, ks)), ks > 0);
+      detail::wgmma_m64n16k16<true, true>(dv, desc(st + L::P, wgmma_pass::pt_a(ks)),
+                                          desc(st + L::dO, wgmma_pass::pv_b(wg, ks)), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < Dk / 16; ++ks)
-      detail::wgmma_m64n16k16<false, true>(dv,
-                                           detail::wgmma_desc(tile(s, L::Kd), wgmma_pass::ws_a(ks)),
-                                           detail::wgmma_desc(sShi, wgmma_pass::ws_b(wg, ks)));
+      detail::wgmma_m64n16k16<false, true>(dv, desc(st + L::Kd, wgmma_pass::ws_a(ks)),
+                                           desc(L::Shi, wgmma_pass::ws_b(wg, ks)));
 #pragma unroll
     for (int ks = 0; ks < Dk / 16; ++ks)
-      detail::wgmma_m64n16k16<false, true>(dv,
-                                           detail::wgmma_desc(tile(s, L::Kd), wgmma_pass::ws_a(ks)),
-                                           detail::wgmma_desc(sSlo, wgmma_pass::ws_b(wg, ks)));
+      detail::wgmma_m64n16k16<false, true>(dv, desc(st + L::Kd, wgmma_pass::ws_a(ks)),
+                                           desc(L::Slo, wgmma_pass::ws_b(wg, ks)));
     detail::wgmma_commit();
     detail::wgmma_wait<0>();
     detail::wgmma_fence_operand(dv);
@@ -166,19 +169,16 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n32k16<true, true>(
-          dS, detail::wgmma_desc(tile(s, L::Qs), wgmma_pass::kv_a(wg, ks)),
-          detail::wgmma_desc(tile(s, L::dO), wgmma_pass::kv_b(ks)));
+      detail::wgmma_m64n32k16<true, true>(dS, desc(st + L::Qs, wgmma_pass::kv_a(wg, ks)),
+                                          desc(st + L::dO, wgmma_pass::kv_b(ks)));
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n32k16<true, true>(
-          wv, detail::wgmma_desc(tile(s, L::W), wgmma_pass::kv_a(wg, ks)),
-          detail::wgmma_desc(sVhi, wgmma_pass::kv_b(ks)), ks > 0);
+      detail::wgmma_m64n32k16<true, true>(wv, desc(st + L::W, wgmma_pass::kv_a(wg, ks)),
+                                          desc(L::Vhi, wgmma_pass::kv_b(ks)), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n32k16<true, true>(
-          wv, detail::wgmma_desc(tile(s, L::W), wgmma_pass::kv_a(wg, ks)),
-          detail::wgmma_desc(sVlo, wgmma_pass::kv_b(ks)));
+      detail::wgmma_m64n32k16<true, true>(wv, desc(st + L::W, wgmma_pass::kv_a(wg, ks)),
+                                          desc(L::Vlo, wgmma_pass::kv_b(ks)));
     detail::wgmma_commit();
     detail::wgmma_wait<0>();
     detail::wgmma_fence_operand(dS);
