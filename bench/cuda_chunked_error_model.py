@@ -61,7 +61,8 @@ def prep(q, k, v, g, beta, scale, c, C, rw, ru, rp):
     valid = np.arange(C) < n
     return dict(W=rw(Tinv @ (B[:, None] * np.exp(G)[:, None] * K)), U=ru(Tinv @ (B[:, None] * V)),
                 P=rp(scale * Gam * (Q @ K.T)), fq=np.where(valid, scale * np.exp(G), 0),
-                fk=np.where(valid, np.exp(G[-1] - G), 0), gn=np.exp(G[-1]), K=K, Q=Q, n=n)
+                fk=np.where(valid, np.exp(G[-1] - G), 0), gn=np.exp(G[-1]), K=K, Q=Q, n=n,
+                Tb=Tinv * B[None, :], V=V, eG=np.where(valid, np.exp(G), 0))
 
 
 def walk(chunks, S, cs, u_zero=False):
@@ -91,6 +92,10 @@ def main():
     ap.add_argument("--single", action="store_true",
                     help="the state pass's products on bf16 S and diag(fk) Vnew (one product each, "
                     "as FLA's bf16 h and v_new), not hi + lo")
+    ap.add_argument("--fused", action="store_true",
+                    help="the fused design's roundings (docs/cuda-chunked.md §A fused forward): "
+                    "Vnew = bf16(Tinv diag(beta)) bf16(V - diag(e^G) K bf16(S)), o from bf16(S) "
+                    "and bf16(Vnew), the update from bf16(diag(fk) Vnew); S fp32")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     C, scale = 64, a.D ** -0.5
@@ -130,6 +135,19 @@ def main():
             oc = p["fq"][:, None] * (p["Q"] @ rnd["S"](S)) + p["P"] @ rnd["V"](Vn)
             S = p["gn"] * S + p["K"].T @ one(p["fk"][:, None] * Vn)
         o[c * C:c * C + p["n"]] = rnd["O"](oc[:p["n"]])
+    if a.fused:  # the fused design: no W, U; T~ = Tinv diag(beta) and P in bf16
+        S = h0.copy()
+        o = np.zeros_like(v)
+        for c, p in enumerate(chunks):
+            Sb = bf16(S)
+            Y = bf16(p["V"] - p["eG"][:, None] * (p["K"] @ Sb))
+            Vn = bf16(p["Tb"]) @ Y
+            oc = p["fq"][:, None] * (p["Q"] @ Sb) + p["P"] @ bf16(Vn)
+            S = p["gn"] * S + p["K"].T @ bf16(p["fk"][:, None] * Vn)
+            o[c * C:c * C + p["n"]] = bf16(oc[:p["n"]])
+        print(f"fused design, T={a.T} D={a.D} g=-{a.decay}U(0,1){' beta=1' if a.beta_one else ''}: "
+              f"o {rel(o, o_ref):.2e}, final state {rel(S, S_ref):.2e} (bar 5e-3)")
+        return
     print(f"bf16 scratch{' (stored Qs, Kd)' if a.stored else ''} "
           f"(exact: {''.join(a.exact) or 'none'}), T={a.T} D={a.D} "
           f"g=-{a.decay}U(0,1){' beta=1' if a.beta_one else ''}"
