@@ -1,9 +1,11 @@
 // The warpgroup-product layer (src/cuda/common/wgmma.cuh) on the device, before any kernel relies
 // on it: D = A B for one 64-row tile through wgmma_probe_gemm (the no-swizzle layouts, the matrix
 // descriptors, the k16 steps and the accumulator fragment layout), A staged K-major and M-major, B
-// K-major and N-major, N = 16, 32 and 64, K = 16 and 128, against a float64 product of the same
-// bf16 values. fp32 accumulation of exact bf16 products: relative error ~1e-7 expected, 1e-5
-// allowed; a wrong layout or fragment gives O(1).
+// K-major and N-major, N = 16, 32, 64 and 128, K = 16 and 128, against a float64 product of the
+// same bf16 values; the probe also checks that wgmma_desc16 (a shared base plus constant offsets)
+// gives wgmma_desc's bits for every descriptor (NaN in D otherwise). fp32 accumulation of exact
+// bf16 products: relative error ~1e-7 expected, 1e-5 allowed; a wrong layout or fragment gives
+// O(1).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -23,7 +25,7 @@ TEST(CudaWgmma, Probe) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(20261207);
   std::normal_distribution<double> normal;
-  for (int N : {16, 32, 64})
+  for (int N : {16, 32, 64, 128})
     for (int K : {16, 128})
       for (int major = 0; major < 4; ++major) {
         const bool m_major = major & 1, n_major = major & 2;

@@ -1,9 +1,9 @@
 // Warpgroup matrix products (sm_90a `wgmma.mma_async`) on bf16 operands in shared memory, fp32
 // accumulators in registers: the 64-bit matrix descriptor of an operand laid out as
 // wgmma_layout.h says (no swizzling), the proxy fence, the group fences, and the m64nNk16 products
-// (N = 16, 32, 64; either operand K-major or MN-major). One warpgroup (4 consecutive warps, the
-// first warp index a multiple of 4) issues each product; one instruction stands for what mma.sync
-// needs ~30 (ldmatrix + m16n8k16) for, which is what the instruction-bound kernels want
+// (N = 16, 32, 64, 128; either operand K-major or MN-major). One warpgroup (4 consecutive warps,
+// the first warp index a multiple of 4) issues each product; one instruction stands for what
+// mma.sync needs ~30 (ldmatrix + m16n8k16) for, which is what the instruction-bound kernels want
 // (docs/cuda-chunked.md). Checked by CudaWgmma.Probe (tests/cuda/test_wgmma.cpp) through
 // wgmma_probe.cu.
 //
@@ -119,6 +119,32 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], std::uint64_t 
         "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
         "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TransA ? 1 : 0),
+        "n"(TransB ? 1 : 0));
+}
+
+template <bool TransA, bool TransB>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], std::uint64_t da,
+                                                 std::uint64_t db, bool accumulate = true) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
       : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)), "n"(TransA ? 1 : 0),
         "n"(TransB ? 1 : 0));
 }

@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(128)
   fence_proxy_async();
   __syncthreads();
 
+  bool desc_mismatch = false;
   float d[N / 8][4];
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
@@ -45,12 +46,22 @@ __global__ void __launch_bounds__(128)
         wgmma_desc(sA, TransA ? mnmajor_operand(64, k0, 0) : kmajor_operand(K, 0, k0));
     const std::uint64_t db =
         wgmma_desc(sB, TransB ? mnmajor_operand(N, k0, 0) : kmajor_operand(K, 0, k0));
+    // The kernels' other form (wgmma_desc16: the region's base / 16 plus constant offsets) must
+    // give the same bits; a difference poisons D.
+    const std::uint32_t base16 = smem_addr(sA) >> 4;
+    if (wgmma_desc16(base16, 0, TransA ? mnmajor_operand(64, k0, 0) : kmajor_operand(K, 0, k0)) !=
+            da ||
+        wgmma_desc16(base16, 64 * K * 2,
+                     TransB ? mnmajor_operand(N, k0, 0) : kmajor_operand(K, 0, k0)) != db)
+      desc_mismatch = true;
     if constexpr (N == 16)
       wgmma_m64n16k16<TransA, TransB>(d, da, db, k0 > 0);
     else if constexpr (N == 32)
       wgmma_m64n32k16<TransA, TransB>(d, da, db, k0 > 0);
-    else
+    else if constexpr (N == 64)
       wgmma_m64n64k16<TransA, TransB>(d, da, db, k0 > 0);
+    else
+      wgmma_m64n128k16<TransA, TransB>(d, da, db, k0 > 0);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -62,7 +73,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * warp + g + 8 * (e / 2), col = 8 * j + 2 * c + (e % 2);
-      D[row * N + col] = d[j][e];
+      D[row * N + col] = desc_mismatch ? __int_as_float(0x7fc00000) : d[j][e];
     }
 }
 
@@ -94,6 +105,7 @@ int wgmma_probe_gemm(const std::uint16_t* A, const std::uint16_t* B, float* D, i
   if (N == 16) return launch_n<16>(A, B, D, K, a_m_major, b_n_major);
   if (N == 32) return launch_n<32>(A, B, D, K, a_m_major, b_n_major);
   if (N == 64) return launch_n<64>(A, B, D, K, a_m_major, b_n_major);
+  if (N == 128) return launch_n<128>(A, B, D, K, a_m_major, b_n_major);
   return cudaErrorInvalidValue;
 }
 
