@@ -13,10 +13,11 @@
 // per segment, -1 no split; 0 the rule), --state-bv 16|32 and --state-buffers 1|2 the state
 // pass's value columns per block and W / Kd buffers, --overlap 1|2 the output kernel after the
 // state pass or overlapped with it or 3 inside the bf16 state pass, --prep 1|2|3 the general prep
-// kernel or the bf16 one (where it applies) or that one on warpgroup products, --state-pass 1|2|3|4
+// kernel or the bf16 one (where it applies) or that one on warpgroup products, --state-pass 1..5
 // the general state pass or the bf16 one with the state in registers (wherever it applies, the
 // stored Kd rows included) or that one on warpgroup products (32 value columns) or 4 the bf16
-// one with single products (S and Vnew rounded to bf16 as operands) where the output is inside it,
+// one with single products (S and Vnew rounded to bf16 as operands) where the output is inside it
+// or 5 the fused pass (fused_pass_kernel.cuh) on the row-factor path at Dk = Dv = 128,
 // --tinv 1|2 the prep kernels' Tinv by lanes or by columns (DecodeOverrides::chunked_tinv),
 // --prep-cycles one more call timing the bf16 prep kernel's phases
 // (DecodeOverrides::prep_phase_cycles). --backward also times gdr::backward given the forward's
@@ -266,7 +267,8 @@ int main(int argc, char** argv) {
                  "state pass: 1 the general one, 2 the bf16 one with the state in registers "
                  "wherever it applies, also on the stored Kd rows, 3 that one on warpgroup "
                  "products (32 value columns), 4 the bf16 one with single products where the "
-                 "output is inside it (0 the rule)");
+                 "output is inside it, 5 the fused pass (Vnew from the v rows on chip, 128 "
+                 "columns per block) on the row-factor path at Dk = Dv = 128 (0 the rule)");
   app.add_option("--tinv", overrides.chunked_tinv,
                  "prep kernels' Tinv: 1 by lanes, 2 by columns (0 the rule)")
       ->check(CLI::Range(0, 2));

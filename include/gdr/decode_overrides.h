@@ -76,7 +76,11 @@ struct DecodeOverrides {
                                     //   correct and slower on an H100, a560176); 4 = 2 with one
                                     //   product where it takes two (S and Vnew rounded to bf16
                                     //   as operands) where the output is inside it (opt-in
-                                    //   until measured; elsewhere as 2)
+                                    //   until measured; elsewhere as 2); 5 = the fused pass
+                                    //   (fused_pass_kernel.cuh: Vnew = T~ (V - diag(ek) K S) on
+                                    //   chip, 128 columns per block, warpgroup products) on the
+                                    //   row-factor path at Dk = Dv = 128 (opt-in until it has
+                                    //   run on a GPU; elsewhere as 2)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

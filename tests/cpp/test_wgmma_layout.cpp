@@ -1,5 +1,6 @@
 // The shared-memory layout of the warpgroup products (src/cuda/common/wgmma_layout.h) and the
-// operands that the wgmma state pass forms in it (src/cuda/chunked/state_pass_wgmma_layout.h), on
+// operands that the wgmma state pass and the fused pass form in it (src/cuda/chunked/
+// state_pass_wgmma_layout.h, fused_pass_layout.h), on
 // the CPU: the tiles' 16-byte units land at consecutive bytes and cover each tile once, and every
 // operand of every product reads, under the instruction's addressing (operand_byte), exactly the
 // tile element the product needs. The addressing itself is the hardware's: CudaWgmma.Probe checks
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/chunked/fused_pass_layout.h"
 #include "cuda/chunked/state_pass_wgmma_layout.h"
 #include "cuda/common/wgmma_layout.h"
 
@@ -74,6 +76,35 @@ TEST(WgmmaLayout, StatePassOperandsReadWhatTheyMean) {
       // The reverse pass's P^T dO: A(m, k) = P^T[m][16 ks + k] = P[16 ks + k][m].
       expect_reads("P^T dO, A" + at, pass::pt_a(ks), true, C,
                    [&](int m, int k) { return tile_offset(16 * ks + k, m, C); });
+    }
+  }
+}
+
+TEST(WgmmaLayout, FusedPassOperandsReadWhatTheyMean) {
+  namespace fp = cuda::chunked::fused_pass;
+  const int C = fp::kRows, D = fp::kD;
+  for (int wg = 0; wg < 2; ++wg) {
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const std::string at = " wg " + std::to_string(wg) + " ks " + std::to_string(ks);
+      // K S_b (and Q S_b): A(m, k) = krows[m][16 ks + k]; B(n, k) = S_b[16 ks + k][64 wg + n].
+      expect_reads("K S, A" + at, fp::rows_a(ks), false, C,
+                   [&](int m, int k) { return tile_offset(m, 16 * ks + k, D); });
+      expect_reads("K S, B" + at, fp::cols_b(wg, ks), true, 64,
+                   [&](int n, int k) { return tile_offset(16 * ks + k, 64 * wg + n, D); });
+    }
+    for (int ks = 0; ks < C / 16; ++ks) {
+      const std::string at = " wg " + std::to_string(wg) + " ks " + std::to_string(ks);
+      // T~ Y (and P Vn): A(m, k) = T~[m][16 ks + k]; B(n, k) = Y[16 ks + k][64 wg + n].
+      expect_reads("T Y, A" + at, fp::cc_a(ks), false, C,
+                   [&](int m, int k) { return tile_offset(m, 16 * ks + k, C); });
+      expect_reads("T Y, B" + at, fp::cols_b(wg, ks), true, 64,
+                   [&](int n, int k) { return tile_offset(16 * ks + k, 64 * wg + n, D); });
+      // K^T V: A(m, k) = K^T[64 wg + m][16 ks + k] = krows[16 ks + k][64 wg + m];
+      // B(n, k) = V[16 ks + k][n], all 128 columns.
+      expect_reads("K^T V, A" + at, fp::update_a(wg, ks), true, 64,
+                   [&](int m, int k) { return tile_offset(16 * ks + k, 64 * wg + m, D); });
+      expect_reads("K^T V, B" + at, fp::update_b(ks), true, D,
+                   [&](int n, int k) { return tile_offset(16 * ks + k, n, D); });
     }
   }
 }

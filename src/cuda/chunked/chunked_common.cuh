@@ -100,6 +100,11 @@ struct ChunkArgs {
   bool row_factors;
   float* fq;
   float* fk;
+  // The fused state pass (fused_pass_kernel.cuh; null otherwise): the bf16 prep writes, per
+  // (slot, value head) p, T~ = Tinv diag(beta) (bf16 [C, C] at W + p * C * C) and ek = e^G / |k|
+  // (fp32 [C] at ek + p * C; 0 past the chunk) instead of W and U; ek aliases U's scratch, which
+  // the fused pass does not use.
+  float* ek;
   // Segment split of the state pass (seg_chunks > 0; docs/cuda-chunked.md §Segments): sequence n
   // has nseg(n) = max(1, ceil(chunks(n) / seg_chunks)) segments of seg_chunks chunks (the last
   // shorter) at segment slots s0(n) .. s0(n) + nseg(n) - 1, s0(n) = sum_{m<n} nseg(m) (varlen:

@@ -17,6 +17,7 @@
 
 #include "core/heuristics.h"
 #include "cuda/chunked/chunked_host.cuh"
+#include "cuda/chunked/fused_pass_kernel.cuh"
 #include "cuda/chunked/prep_bf16_kernel.cuh"
 #include "cuda/chunked/state_pass_bf16_kernel.cuh"
 #include "cuda/chunked/state_pass_wgmma_kernel.cuh"
@@ -110,6 +111,15 @@ void launch_state_wgmma(const ChunkArgs& a, int stages, int device, cudaStream_t
     launch_state_wgmma_stages<FuseOut, Stored, 2>(a, device, stream, op);
 }
 
+// The fused pass (fused_pass_kernel.cuh): grid (N, Hv), all 128 value columns per block.
+void launch_fused_pass(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  constexpr std::size_t smem = chunked::FusedPassSmem::bytes;
+  allow_shared(reinterpret_cast<const void*>(chunked::fused_pass_kernel), smem, device, op, true);
+  chunked::fused_pass_kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv)),
+                               chunked::kFusedThreads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "fused_pass_kernel launch");
+}
+
 // Value columns per block of the unsplit state pass: 32, 16 when 32 would leave more than half the
 // SMs idle; DecodeOverrides::chunked_state_columns = 16 or 32 forces it.
 int state_columns(const Problem& prob, const DecodeOverrides& forced, int sms) {
@@ -129,6 +139,19 @@ bool wgmma_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverr
          chunked::StateWgmmaSmem<true>::bytes <= static_cast<std::size_t>(smem_optin);
 }
 
+// Whether the fused pass runs (fused_pass_kernel.cuh; opt-in until it has run on a GPU:
+// DecodeOverrides::chunked_state_pass = 5): the row-factor path with the bf16 prep (16-byte aligned
+// q, k, v rows) at Dk = Dv = 128, unsplit, with chunks, where both kernels' shared memory fits. It
+// computes the output and takes prep's fused mode (T~ and ek instead of W and U).
+bool fused_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
+                      int smem_optin) {
+  return forced.chunked_state_pass == 5 && prob.dtype == DType::bf16 && a.row_factors && a.rows16 &&
+         forced.chunked_prep != 1 && prob.Dk == chunked::kFusedD && prob.Dv == chunked::kFusedD &&
+         a.seg_chunks == 0 && a.slots > 0 &&
+         chunked::FusedPassSmem::bytes <= static_cast<std::size_t>(smem_optin) &&
+         chunked::prep_bf16_smem_bytes(prob.Dk, prob.Dv) <= static_cast<std::size_t>(smem_optin);
+}
+
 // Whether the output is computed inside the state pass instead of by chunk_output_kernel: where the
 // bf16 pass runs on the row-factor path (row factors, Dk = 128, unsplit, not forced to the general
 // pass; state_pass_bf16_kernel<BV, true>), and wherever the warpgroup pass runs (also on the
@@ -138,6 +161,7 @@ bool wgmma_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverr
 // (1 x 16384: 2.52 -> 2.12 ms, 8 x 4096: 5.04 -> 4.02, 1 x 65536: 9.52 -> 7.67).
 bool fused_output(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced, int sms,
                   int smem_optin) {
+  if (fused_state_pass(a, prob, forced, smem_optin)) return true;
   if (forced.chunked_overlap == 1 || forced.chunked_overlap == 2 || a.slots == 0) return false;
   if (wgmma_state_pass(a, prob, forced, sms, smem_optin)) return true;
   return a.row_factors && prob.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 &&
@@ -155,6 +179,8 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
   if constexpr (sizeof(St) == 2)
     prep_bf16 = a.row_factors && a.rows16 && forced.chunked_prep != 1 &&
                 chunked::prep_bf16_smem_bytes(a.Dk, a.Dv) <= static_cast<std::size_t>(smem_optin);
+  const bool fused = prep_bf16 && fused_state_pass(a, prob, forced, smem_optin);
+  if (fused) a.ek = static_cast<float*>(a.U);  // prep's fused mode; U's scratch is free then
   if (a.slots > 0 && prep_bf16) {
     launch_prep_bf16(a, dev, stream, op);
   } else if (a.slots > 0) {
@@ -214,7 +240,9 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     const int wgmma_stages = forced.chunked_state_buffers == 1 || forced.chunked_state_buffers == 2
                                  ? forced.chunked_state_buffers
                                  : (blocks32 > sms ? 1 : 2);
-    if (wgmma && fuse_out && stored)
+    if (fused)
+      launch_fused_pass(a, dev, stream, op);
+    else if (wgmma && fuse_out && stored)
       launch_state_wgmma<true, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma && fuse_out)
       launch_state_wgmma<true>(a, wgmma_stages, dev, stream, op);

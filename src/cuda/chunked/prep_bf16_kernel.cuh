@@ -411,6 +411,24 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   phase_mark(a.phase_cycles, phase_last, 3);
   unit_lower_inverse(sA, sT, a.tinv_by_columns);  // into the q rows' space; ends with a barrier
   phase_mark(a.phase_cycles, phase_last, 4);
+  if constexpr (!Bwd) {
+    if (a.ek) {  // the fused pass's operands instead of W and U: T~ = Tinv diag(beta), ek
+      __nv_bfloat16* Tt = static_cast<__nv_bfloat16*>(a.W) + pidx * kC * kC;
+      for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
+        const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
+        store_pair(Tt + r * kC + j, sT[r * kLdA + j] * sBeta[j],
+                   sT[r * kLdA + j + 1] * sBeta[j + 1]);
+      }
+      if (tid < kC) a.ek[pidx * kC + tid] = tid < len ? expf(sG[tid]) * sNk[tid] : 0.f;
+      cp_async_wait<0>();  // the v rows' copies, unused here
+      if (a.phase_cycles) {
+        __syncthreads();
+        phase_mark(a.phase_cycles, phase_last, 6);
+        if (tid == 0) atomicAdd(a.phase_cycles + 7, 1ull);
+      }
+      return;
+    }
+  }
 
   // The split factors T_w = Tinv diag(beta e^G nk), T_u = Tinv diag(beta) (bf16 hi + lo pairs).
   for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {

@@ -1,0 +1,252 @@
+// fused_pass_kernel: the chunked forward's state pass with Vnew formed on chip from the raw v rows
+// and every product a warpgroup product over all 128 value columns of a head (docs/cuda-chunked.md
+// §A fused forward on warpgroup products; this is its first form: two warpgroups, no warp
+// specialisation, no segments). The row-factor path (scalar gate, bf16 inputs without a mask,
+// Dk = Dv = 128, 16-byte aligned rows), the output inside; DecodeOverrides::chunked_state_pass =
+// 5, opt-in until it has run on a GPU.
+//
+// Inputs per chunk c of value head h (item p): the raw q, k rows of the key head and the v rows
+// (bf16, staged as tiles), and from the bf16 prep's fused mode T~ = Tinv diag(beta) (bf16 [C][C])
+// and ek = e^G / |k| (fp32 [C]), with prep's P (bf16 [C][C]), fq, fk (fp32 [C]) and gn. Per
+// chunk, for the state S [Dk][Dv] (fp32, in registers: warpgroup w holds state rows 64 w ..
+// 64 w + 63 as one m64n128 accumulator, warp i of the block the rows 16 i .. 16 i + 15):
+//   publish  S -> bf16 tile S_b [Dk][Dv] (and the chunk-state record where asked: `saved` fp32,
+//            `states16` bf16 = S_b);
+//   X  = K S_b, QS = Q S_b           warpgroup w: value columns 64 w .. 64 w + 63, 8 x m64n64k16
+//                                    each (A = the k / q rows K-major, B = S_b N-major);
+//   Y  = bf16(V - diag(ek) X)       -> tile [C][Dv] (the warpgroup's columns);
+//   Vn = T~ Y                        4 x m64n64k16 (A = T~ K-major, B = Y N-major);
+//   bf16(Vn) -> tile, bf16(diag(fk) Vn) -> tile; QS rows *= fq;
+//   S  <- gn S + K^T bf16(diag(fk) Vn)   warpgroup w: its state rows, all columns, 4 x m64n128k16
+//                                    (A = the k rows read M-major, K^T in the instruction);
+//   o  = diag(fq) QS + P bf16(Vn)    4 x m64n64k16 into QS, rows < the chunk's length to o (bf16).
+// So Vnew = Tinv diag(beta) (V - diag(e^G / |k|) K S) = U - W S without W or U in memory.
+// Roundings (bench/cuda_chunked_error_model.py --fused): S_b in X and QS, Y, T~, Vn in P Vn and
+// diag(fk) Vn in the update are bf16; accumulation fp32; S fp32.
+// Shared memory: two stages of {k, q, v rows 16 KB each, T~, P 8 KB each, ek, fk, fq}, S_b 32 KB,
+// Y, Vn, diag(fk) Vn 16 KB each: 209.5 KB, one block per SM.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/chunked/chunked_common.cuh"
+#include "cuda/chunked/fused_pass_layout.h"
+#include "cuda/common/wgmma.cuh"
+
+namespace gdr::cuda::chunked {
+
+inline constexpr int kFusedThreads = 256;       // two warpgroups
+inline constexpr int kFusedD = fused_pass::kD;  // Dk = Dv
+
+// Byte offsets of the kernel's shared-memory regions (tiles 128-byte aligned).
+struct FusedPassSmem {
+  static constexpr std::uint32_t rows = kC * kFusedD * 2;  // a [C][128] bf16 tile
+  static constexpr std::uint32_t cc = kC * kC * 2;         // a [C][C] bf16 tile
+  static constexpr std::uint32_t K = 0, Q = rows, V = 2 * rows, T = 3 * rows, P = T + cc;
+  static constexpr std::uint32_t EK = P + cc, FK = EK + 4 * kC, FQ = FK + 4 * kC;
+  static constexpr std::uint32_t stage = FQ + 4 * kC;  // per stage
+  static constexpr std::uint32_t S = 2 * stage;        // S_b [Dk][Dv]
+  static constexpr std::uint32_t Y = S + kFusedD * kFusedD * 2;
+  static constexpr std::uint32_t Vn = Y + rows;
+  static constexpr std::uint32_t Vk = Vn + rows;
+  static constexpr std::uint32_t bytes = Vk + rows;
+  static_assert(stage % 128 == 0, "stages keep the tiles 128-byte aligned");
+};
+
+__global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs a) {
+  using L = FusedPassSmem;
+  constexpr int D = kFusedD;
+  using wgmma_layout::tile_offset;
+  extern __shared__ float4 smem4[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
+  const std::uint32_t smem16 = detail::smem_addr(smem) >> 4;
+  auto desc = [smem16](std::uint32_t tile_byte, wgmma_layout::Operand d) {
+    return detail::wgmma_desc16(smem16, tile_byte, d);
+  };
+  auto f32 = [smem](std::uint32_t byte) { return reinterpret_cast<float*>(smem + byte); };
+  auto bf16_at = [smem](std::uint32_t byte) {
+    return reinterpret_cast<__nv_bfloat162*>(smem + byte);
+  };
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = detail::warpgroup_index(), wl = warp & 3;
+  const int lg = lane >> 2, lc = lane & 3;
+  const int h = blockIdx.y, hk = h / a.group;
+  const std::int64_t n = blockIdx.x;
+  const SeqInfo seq = seq_info(a, n);
+  const std::int64_t chunks = seq.chunks;
+  auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
+  const __nv_bfloat16* gT = static_cast<const __nv_bfloat16*>(a.W);  // T~ in W's scratch
+  const __nv_bfloat16* gP = static_cast<const __nv_bfloat16*>(a.P);
+  auto issue = [&](std::int64_t c) {
+    const std::uint32_t st = static_cast<std::uint32_t>(c % 2) * L::stage;
+    const std::int64_t t0 = seq.bos + c * kC;
+    const int len = chunk_rows(seq, c);
+    copy_token_tile<D, kFusedThreads>(smem + st + L::K, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk,
+                                      len);
+    copy_token_tile<D, kFusedThreads>(smem + st + L::Q, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk,
+                                      len);
+    copy_token_tile<D, kFusedThreads>(smem + st + L::V, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h,
+                                      len);
+    copy_tile<kC, kFusedThreads>(smem + st + L::T, gT + item(c) * kC * kC, kC);
+    copy_tile<kC, kFusedThreads>(smem + st + L::P, gP + item(c) * kC * kC, kC);
+    copy_block<1, kC, kFusedThreads>(f32(st + L::EK), kC, a.ek + item(c) * kC, kC);
+    copy_block<1, kC, kFusedThreads>(f32(st + L::FK), kC, a.fk + item(c) * kC, kC);
+    copy_block<1, kC, kFusedThreads>(f32(st + L::FQ), kC, a.fq + item(c) * kC, kC);
+  };
+
+  // S[j][e]: state row 16 warp + lg + 8 (e >> 1), column 8 j + 2 lc + (e & 1).
+  const int i0 = 16 * warp;
+  float S[16][4];
+  load_state_slice(a.h0, n * a.h0_s0 + h * a.h0_s1, a.h0_s2, a.v_first, 0, i0, S);
+  float gn_next = 0.f;
+  if (chunks > 0) {
+    issue(0);
+    gn_next = a.gn[item(0)];
+  }
+  detail::cp_async_commit();
+
+  const int cw = 64 * wg;  // this warpgroup's value columns in the C-row products
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::uint32_t st = static_cast<std::uint32_t>(c % 2) * L::stage;
+    const std::int64_t slot = seq.slot0 + c;
+    const float gn = gn_next;
+    // Publish S as bf16 (and the chunk-state record).
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = i0 + lg + 8 * hf, col = 8 * j + 2 * lc;
+        const float s0 = S[j][2 * hf], s1 = S[j][2 * hf + 1];
+        const __nv_bfloat162 sb = __floats2bfloat162_rn(s0, s1);
+        *bf16_at(L::S + tile_offset(i, col, D)) = sb;
+        if (a.saved) {
+          float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * D + col;
+          *reinterpret_cast<float2*>(rec) = make_float2(s0, s1);
+        } else if (a.states16) {
+          __nv_bfloat16* rec =
+              a.states16 + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * D + col;
+          *reinterpret_cast<__nv_bfloat162*>(rec) = sb;
+        }
+      }
+    cp_async_wait<0>();  // chunk c's tiles (this thread's copies)
+    detail::fence_proxy_async();
+    __syncthreads();  // #1: S_b published, chunk c's tiles landed, chunk c - 1's stage free
+    if (c + 1 < chunks) {
+      issue(c + 1);
+      gn_next = a.gn[item(c + 1)];
+    }
+    detail::cp_async_commit();
+
+    // X = K S_b, QS = Q S_b on columns cw .. cw + 63.
+    float X[8][4] = {}, QS[8][4] = {};
+    detail::wgmma_fence_operand(X);
+    detail::wgmma_fence_operand(QS);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      detail::wgmma_m64n64k16<false, true>(X, desc(st + L::K, fused_pass::rows_a(ks)),
+                                           desc(L::S, fused_pass::cols_b(wg, ks)), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      detail::wgmma_m64n64k16<false, true>(QS, desc(st + L::Q, fused_pass::rows_a(ks)),
+                                           desc(L::S, fused_pass::cols_b(wg, ks)), ks > 0);
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_fence_operand(X);
+    detail::wgmma_fence_operand(QS);
+    // Y = bf16(V - diag(ek) X) on the same columns (fragment rows r, columns cw + 8 j + 2 lc).
+    {
+      const float* ek = f32(st + L::EK);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = 16 * wl + lg + 8 * hf, col = cw + 8 * j + 2 * lc;
+          const float2 v = __bfloat1622float2(*bf16_at(st + L::V + tile_offset(r, col, D)));
+          *bf16_at(L::Y + tile_offset(r, col, D)) =
+              __floats2bfloat162_rn(v.x - ek[r] * X[j][2 * hf], v.y - ek[r] * X[j][2 * hf + 1]);
+        }
+    }
+    detail::fence_proxy_async();
+    // Only this warpgroup reads its columns of Y: a barrier of its 128 threads (ids 1, 2).
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+    // Vn = T~ Y on the warpgroup's columns.
+    float Vn[8][4] = {};
+    detail::wgmma_fence_operand(Vn);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks)
+      detail::wgmma_m64n64k16<false, true>(Vn, desc(st + L::T, fused_pass::cc_a(ks)),
+                                           desc(L::Y, fused_pass::cols_b(wg, ks)), ks > 0);
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_fence_operand(Vn);
+    // bf16(Vn) for P Vn, bf16(diag(fk) Vn) for the update; QS rows scaled by fq.
+    {
+      const float* fk = f32(st + L::FK);
+      const float* fq = f32(st + L::FQ);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = 16 * wl + lg + 8 * hf, col = cw + 8 * j + 2 * lc;
+          const float v0 = Vn[j][2 * hf], v1 = Vn[j][2 * hf + 1];
+          *bf16_at(L::Vn + tile_offset(r, col, D)) = __floats2bfloat162_rn(v0, v1);
+          *bf16_at(L::Vk + tile_offset(r, col, D)) = __floats2bfloat162_rn(fk[r] * v0, fk[r] * v1);
+          QS[j][2 * hf] *= fq[r];
+          QS[j][2 * hf + 1] *= fq[r];
+        }
+    }
+    detail::fence_proxy_async();
+    __syncthreads();  // #2: diag(fk) Vn whole (the update reads every column)
+    // S <- gn S + K^T bf16(diag(fk) Vn) on this warpgroup's rows; o += P bf16(Vn).
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[j][e] *= gn;
+    detail::wgmma_fence_operand(S);
+    detail::wgmma_fence_operand(QS);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks)
+      detail::wgmma_m64n128k16<true, true>(S, desc(st + L::K, fused_pass::update_a(wg, ks)),
+                                           desc(L::Vk, fused_pass::update_b(ks)));
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks)
+      detail::wgmma_m64n64k16<false, true>(QS, desc(st + L::P, fused_pass::cc_a(ks)),
+                                           desc(L::Vn, fused_pass::cols_b(wg, ks)));
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_fence_operand(S);
+    detail::wgmma_fence_operand(QS);
+    // o: rows < the chunk's length, this warpgroup's columns, bf16 pairs.
+    {
+      const int len = chunk_rows(seq, c);
+      __nv_bfloat16* o16 = static_cast<__nv_bfloat16*>(a.o);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * wl + lg + 8 * hf;
+        if (r >= len) continue;
+        __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (seq.bos + c * kC + r) * a.o_st + h * a.o_sh;
+        const bool pairs = (reinterpret_cast<std::uintptr_t>(orow) & 3) == 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int col = cw + 8 * j + 2 * lc;
+          if (pairs) {
+            *reinterpret_cast<__nv_bfloat162*>(orow + col) =
+                __floats2bfloat162_rn(QS[j][2 * hf], QS[j][2 * hf + 1]);
+          } else {
+            orow[col] = __float2bfloat16_rn(QS[j][2 * hf]);
+            orow[col + 1] = __float2bfloat16_rn(QS[j][2 * hf + 1]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  store_state_slice(a.hout, n * a.hout_s0 + h * a.hout_s1, a.hout_s2, a.v_first, 0, i0, S);
+}
+
+}  // namespace gdr::cuda::chunked
