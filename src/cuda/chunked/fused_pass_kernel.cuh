@@ -121,13 +121,23 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
         const float s0 = S[j][2 * hf], s1 = S[j][2 * hf + 1];
         const __nv_bfloat162 sb = __floats2bfloat162_rn(s0, s1);
         *bf16_at(L::S + tile_offset(i, col, D)) = sb;
-        if (a.saved) {
+        if (a.saved) {  // a pair per store where aligned (col is even)
           float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * D + col;
-          *reinterpret_cast<float2*>(rec) = make_float2(s0, s1);
+          if ((reinterpret_cast<std::uintptr_t>(rec) & 7) == 0) {
+            *reinterpret_cast<float2*>(rec) = make_float2(s0, s1);
+          } else {
+            rec[0] = s0;
+            rec[1] = s1;
+          }
         } else if (a.states16) {
           __nv_bfloat16* rec =
               a.states16 + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * D + col;
-          *reinterpret_cast<__nv_bfloat162*>(rec) = sb;
+          if ((reinterpret_cast<std::uintptr_t>(rec) & 3) == 0) {
+            *reinterpret_cast<__nv_bfloat162*>(rec) = sb;
+          } else {
+            rec[0] = sb.x;
+            rec[1] = sb.y;
+          }
         }
       }
     cp_async_wait<0>();  // chunk c's tiles (this thread's copies)
