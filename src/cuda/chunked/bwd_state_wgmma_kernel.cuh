@@ -65,11 +65,7 @@ __global__ void __launch_bounds__(kBwdStateWgmmaThreads, NS == 1 ? 2 : 1)
   unsigned char* sVhi = smem + L::Vhi;
   unsigned char* sVlo = smem + L::Vlo;
 
-  // Descriptors from the region's shared address / 16 and constant tile offsets (wgmma_desc16).
-  const std::uint32_t smem16 = detail::smem_addr(smem) >> 4;
-  auto desc = [smem16](std::uint32_t tile_byte, wgmma_layout::Operand d) {
-    return detail::wgmma_desc16(smem16, tile_byte, d);
-  };
+  const detail::RegionDescriptors desc(smem);  // tiles by byte offset in smem
   const int Dv = a.Dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wg = detail::warpgroup_index(), wl = warp & 3;

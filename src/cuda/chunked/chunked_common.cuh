@@ -256,6 +256,49 @@ __device__ __forceinline__ int chunk_rows(const SeqInfo& s, std::int64_t c) {
   return rem < kC ? static_cast<int>(rem < 0 ? 0 : rem) : kC;
 }
 
+// Scratch elements: St is float (fp32 inputs) or __nv_bfloat16 (16-bit inputs).
+template <class St>
+inline constexpr bool kX3 = sizeof(St) == 4;  // fp32 scratch: the 3xTF32 products
+template <class St>
+__device__ __forceinline__ St to_scratch(float x) {
+  if constexpr (sizeof(St) == 4)
+    return x;
+  else
+    return __float2bfloat16_rn(x);
+}
+template <class St>
+__device__ __forceinline__ float from_scratch(St x) {
+  if constexpr (sizeof(St) == 4)
+    return x;
+  else
+    return __bfloat162float(x);
+}
+// p[0] = x, p[1] = y (p 2-element aligned).
+template <class St>
+__device__ __forceinline__ void store_pair(St* p, float x, float y) {
+  if constexpr (sizeof(St) == 4)
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+  else
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+// Whether p is aligned to a pair of St (then so is p + any even offset).
+template <class St>
+__device__ __forceinline__ bool pair_aligned(const St* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (2 * sizeof(St) - 1)) == 0;
+}
+// p[0] = x, p[1] = y where p may be only element-aligned (a caller's strided row or record): one
+// store where `aligned` (pair_aligned(p), usually hoisted from a row's or record's base), else one
+// per element; the same roundings either way.
+template <class St>
+__device__ __forceinline__ void store_pair_any(St* p, float x, float y, bool aligned) {
+  if (aligned) {
+    store_pair(p, x, y);
+  } else {
+    p[0] = to_scratch<St>(x);
+    p[1] = to_scratch<St>(y);
+  }
+}
+
 // The row-factor path's output of one warp's mma tile, rows r0 + lg and r0 + lg + 8 (those < len)
 // of the chunk starting at token t0, NT x 8 columns from column `col` of value head h:
 // o = fq_r (q S)[r, j] + (P Vnew)[r, j], one fma, rounded to bf16. chunk_output_kernel and
@@ -273,21 +316,11 @@ __device__ __forceinline__ void store_output_tile(const ChunkArgs& a, const SeqI
     if (r >= len) continue;
     const float f = fq[r];
     __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (t0 + r) * a.o_st + h * a.o_sh + col;
-    // The pair (j, j + 1) as one 4-byte store where the row is 4-byte aligned (j is even; the
-    // same roundings), else element by element.
-    const bool pairs = (reinterpret_cast<std::uintptr_t>(orow) & 3) == 0;
+    const bool pairs = pair_aligned(orow);  // col is even
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int j = 8 * nt + 2 * lc;
-      const float x0 = __fmaf_rn(f, qs[nt][2 * hf], pv[nt][2 * hf]);
-      const float x1 = __fmaf_rn(f, qs[nt][2 * hf + 1], pv[nt][2 * hf + 1]);
-      if (pairs) {
-        *reinterpret_cast<__nv_bfloat162*>(orow + j) = __floats2bfloat162_rn(x0, x1);
-      } else {
-        orow[j] = __float2bfloat16_rn(x0);
-        orow[j + 1] = __float2bfloat16_rn(x1);
-      }
-    }
+    for (int nt = 0; nt < NT; ++nt)  // the pair (j, j + 1), j even
+      store_pair_any(orow + 8 * nt + 2 * lc, __fmaf_rn(f, qs[nt][2 * hf], pv[nt][2 * hf]),
+                     __fmaf_rn(f, qs[nt][2 * hf + 1], pv[nt][2 * hf + 1]), pairs);
   }
 }
 
@@ -605,31 +638,6 @@ __device__ __forceinline__ void zero_surplus_state_row(const ChunkArgs& a, std::
   }
 }
 
-// Scratch elements: St is float (fp32 inputs) or __nv_bfloat16 (16-bit inputs).
-template <class St>
-inline constexpr bool kX3 = sizeof(St) == 4;  // fp32 scratch: the 3xTF32 products
-template <class St>
-__device__ __forceinline__ St to_scratch(float x) {
-  if constexpr (sizeof(St) == 4)
-    return x;
-  else
-    return __float2bfloat16_rn(x);
-}
-template <class St>
-__device__ __forceinline__ float from_scratch(St x) {
-  if constexpr (sizeof(St) == 4)
-    return x;
-  else
-    return __bfloat162float(x);
-}
-// p[0] = x, p[1] = y (p 2-element aligned).
-template <class St>
-__device__ __forceinline__ void store_pair(St* p, float x, float y) {
-  if constexpr (sizeof(St) == 4)
-    *reinterpret_cast<float2*>(p) = make_float2(x, y);
-  else
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-}
 // The packed bf16 pair (p[0], p[1]) (p 2-element aligned), and (p[0], p[ld]) (a column pair).
 __device__ __forceinline__ std::uint32_t load_pair(const __nv_bfloat16* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);

@@ -139,17 +139,22 @@ bool wgmma_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverr
          chunked::StateWgmmaSmem<true>::bytes <= static_cast<std::size_t>(smem_optin);
 }
 
+// Whether the bf16 prep kernel runs (prep_bf16_kernel.cuh): the row-factor path with 16-byte
+// aligned q, k, v rows, unless DecodeOverrides::chunked_prep = 1, where its shared memory fits.
+bool prep_bf16_applies(const ChunkArgs& a, const DecodeOverrides& forced, int smem_optin) {
+  return a.row_factors && a.rows16 && forced.chunked_prep != 1 &&
+         chunked::prep_bf16_smem_bytes(a.Dk, a.Dv) <= static_cast<std::size_t>(smem_optin);
+}
+
 // Whether the fused pass runs (fused_pass_kernel.cuh; opt-in until it has run on a GPU:
 // DecodeOverrides::chunked_state_pass = 5): the row-factor path with the bf16 prep (16-byte aligned
 // q, k, v rows) at Dk = Dv = 128, unsplit, with chunks, where both kernels' shared memory fits. It
 // computes the output and takes prep's fused mode (T~ and ek instead of W and U).
 bool fused_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
                       int smem_optin) {
-  return forced.chunked_state_pass == 5 && prob.dtype == DType::bf16 && a.row_factors && a.rows16 &&
-         forced.chunked_prep != 1 && prob.Dk == chunked::kFusedD && prob.Dv == chunked::kFusedD &&
-         a.seg_chunks == 0 && a.slots > 0 &&
-         chunked::FusedPassSmem::bytes <= static_cast<std::size_t>(smem_optin) &&
-         chunked::prep_bf16_smem_bytes(prob.Dk, prob.Dv) <= static_cast<std::size_t>(smem_optin);
+  return forced.chunked_state_pass == 5 && prep_bf16_applies(a, forced, smem_optin) &&
+         prob.Dk == chunked::kFusedD && prob.Dv == chunked::kFusedD && a.seg_chunks == 0 &&
+         a.slots > 0 && chunked::FusedPassSmem::bytes <= static_cast<std::size_t>(smem_optin);
 }
 
 // Whether the output is computed inside the state pass instead of by chunk_output_kernel: where the
@@ -176,9 +181,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
   // The bf16 prep kernel (prep_bf16_kernel.cuh) where it applies: the row-factor path with
   // 16-byte aligned q, k, v rows.
   bool prep_bf16 = false;
-  if constexpr (sizeof(St) == 2)
-    prep_bf16 = a.row_factors && a.rows16 && forced.chunked_prep != 1 &&
-                chunked::prep_bf16_smem_bytes(a.Dk, a.Dv) <= static_cast<std::size_t>(smem_optin);
+  if constexpr (sizeof(St) == 2) prep_bf16 = prep_bf16_applies(a, forced, smem_optin);
   const bool fused = prep_bf16 && fused_state_pass(a, prob, forced, smem_optin);
   if (fused) a.ek = static_cast<float*>(a.U);  // prep's fused mode; U's scratch is free then
   if (a.slots > 0 && prep_bf16) {

@@ -60,10 +60,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
   using wgmma_layout::tile_offset;
   extern __shared__ float4 smem4[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
-  const std::uint32_t smem16 = detail::smem_addr(smem) >> 4;
-  auto desc = [smem16](std::uint32_t tile_byte, wgmma_layout::Operand d) {
-    return detail::wgmma_desc16(smem16, tile_byte, d);
-  };
+  const detail::RegionDescriptors desc(smem);  // tiles by byte offset in smem
   auto f32 = [smem](std::uint32_t byte) { return reinterpret_cast<float*>(smem + byte); };
   auto bf16_at = [smem](std::uint32_t byte) {
     return reinterpret_cast<__nv_bfloat162*>(smem + byte);
@@ -112,33 +109,24 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     const std::uint32_t st = static_cast<std::uint32_t>(c % 2) * L::stage;
     const std::int64_t slot = seq.slot0 + c;
     const float gn = gn_next;
-    // Publish S as bf16 (and the chunk-state record).
+    // Publish S as bf16 (and the chunk-state record; its columns are even, so one alignment test
+    // of its base serves every pair).
+    const std::int64_t rec = slot * a.saved_s0 + h * a.saved_s1;
+    float* saved = a.saved ? a.saved + rec : nullptr;
+    __nv_bfloat16* states16 = a.states16 ? a.states16 + rec : nullptr;
+    const bool rec_pairs = saved ? pair_aligned(saved) : states16 && pair_aligned(states16);
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = i0 + lg + 8 * hf, col = 8 * j + 2 * lc;
         const float s0 = S[j][2 * hf], s1 = S[j][2 * hf + 1];
-        const __nv_bfloat162 sb = __floats2bfloat162_rn(s0, s1);
-        *bf16_at(L::S + tile_offset(i, col, D)) = sb;
-        if (a.saved) {  // a pair per store where aligned (col is even)
-          float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * D + col;
-          if ((reinterpret_cast<std::uintptr_t>(rec) & 7) == 0) {
-            *reinterpret_cast<float2*>(rec) = make_float2(s0, s1);
-          } else {
-            rec[0] = s0;
-            rec[1] = s1;
-          }
-        } else if (a.states16) {
-          __nv_bfloat16* rec =
-              a.states16 + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * D + col;
-          if ((reinterpret_cast<std::uintptr_t>(rec) & 3) == 0) {
-            *reinterpret_cast<__nv_bfloat162*>(rec) = sb;
-          } else {
-            rec[0] = sb.x;
-            rec[1] = sb.y;
-          }
-        }
+        *bf16_at(L::S + tile_offset(i, col, D)) = __floats2bfloat162_rn(s0, s1);
+        const std::int64_t at = std::int64_t(i) * D + col;
+        if (saved)
+          store_pair_any(saved + at, s0, s1, rec_pairs);
+        else if (states16)  // S_b's values
+          store_pair_any(states16 + at, s0, s1, rec_pairs);
       }
     cp_async_wait<0>();  // chunk c's tiles (this thread's copies)
     detail::fence_proxy_async();
@@ -240,18 +228,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
         const int r = 16 * wl + lg + 8 * hf;
         if (r >= len) continue;
         __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (seq.bos + c * kC + r) * a.o_st + h * a.o_sh;
-        const bool pairs = (reinterpret_cast<std::uintptr_t>(orow) & 3) == 0;
+        const bool pairs = pair_aligned(orow);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int col = cw + 8 * j + 2 * lc;
-          if (pairs) {
-            *reinterpret_cast<__nv_bfloat162*>(orow + col) =
-                __floats2bfloat162_rn(QS[j][2 * hf], QS[j][2 * hf + 1]);
-          } else {
-            orow[col] = __float2bfloat16_rn(QS[j][2 * hf]);
-            orow[col + 1] = __float2bfloat16_rn(QS[j][2 * hf + 1]);
-          }
-        }
+        for (int j = 0; j < 8; ++j)
+          store_pair_any(orow + cw + 8 * j + 2 * lc, QS[j][2 * hf], QS[j][2 * hf + 1], pairs);
       }
     }
   }

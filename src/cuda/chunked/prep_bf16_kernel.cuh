@@ -411,54 +411,50 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   phase_mark(a.phase_cycles, phase_last, 3);
   unit_lower_inverse(sA, sT, a.tinv_by_columns);  // into the q rows' space; ends with a barrier
   phase_mark(a.phase_cycles, phase_last, 4);
-  if constexpr (!Bwd) {
-    if (a.ek) {  // the fused pass's operands instead of W and U: T~ = Tinv diag(beta), ek
-      __nv_bfloat16* Tt = static_cast<__nv_bfloat16*>(a.W) + pidx * kC * kC;
-      for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
-        const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
-        store_pair(Tt + r * kC + j, sT[r * kLdA + j] * sBeta[j],
-                   sT[r * kLdA + j + 1] * sBeta[j + 1]);
-      }
-      if (tid < kC) a.ek[pidx * kC + tid] = tid < len ? expf(sG[tid]) * sNk[tid] : 0.f;
-      cp_async_wait<0>();  // the v rows' copies, unused here
-      if (a.phase_cycles) {
-        __syncthreads();
-        phase_mark(a.phase_cycles, phase_last, 6);
-        if (tid == 0) atomicAdd(a.phase_cycles + 7, 1ull);
-      }
-      return;
+  // The fused pass's operands (ChunkArgs::ek set, forward only: fused_pass_kernel.cuh) instead of
+  // the split factors, W and U: T~ = Tinv diag(beta) (bf16, in W's place) and ek = e^G nk.
+  const bool fused_mode = !Bwd && a.ek != nullptr;
+  if (fused_mode) {
+    __nv_bfloat16* Tt = static_cast<__nv_bfloat16*>(a.W) + pidx * kC * kC;
+    for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
+      const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
+      store_pair(Tt + r * kC + j, sT[r * kLdA + j] * sBeta[j], sT[r * kLdA + j + 1] * sBeta[j + 1]);
     }
-  }
-
-  // The split factors T_w = Tinv diag(beta e^G nk), T_u = Tinv diag(beta) (bf16 hi + lo pairs).
-  for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
-    const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
-    const float t0v = sT[r * kLdA + j], t1v = sT[r * kLdA + j + 1];
-    if constexpr (Bwd)
-      *reinterpret_cast<float2*>(a.Tinv_out + pidx * kC * kC + r * kC + j) = make_float2(t0v, t1v);
-    std::uint32_t hi, lo;
-    detail::split_bf16(t0v * sFw[j], t1v * sFw[j + 1], hi, lo);
-    *reinterpret_cast<std::uint32_t*>(sTwHi + at_t(r, j)) = hi;
-    *reinterpret_cast<std::uint32_t*>(sTwLo + at_t(r, j)) = lo;
-    detail::split_bf16(t0v * sBeta[j], t1v * sBeta[j + 1], hi, lo);
-    *reinterpret_cast<std::uint32_t*>(sTuHi + at_t(r, j)) = hi;
-    *reinterpret_cast<std::uint32_t*>(sTuLo + at_t(r, j)) = lo;
+    if (tid < kC) a.ek[pidx * kC + tid] = tid < len ? expf(sG[tid]) * sNk[tid] : 0.f;
+  } else {
+    // The split factors T_w = Tinv diag(beta e^G nk), T_u = Tinv diag(beta) (bf16 hi + lo pairs).
+    for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
+      const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
+      const float t0v = sT[r * kLdA + j], t1v = sT[r * kLdA + j + 1];
+      if constexpr (Bwd)
+        *reinterpret_cast<float2*>(a.Tinv_out + pidx * kC * kC + r * kC + j) =
+            make_float2(t0v, t1v);
+      std::uint32_t hi, lo;
+      detail::split_bf16(t0v * sFw[j], t1v * sFw[j + 1], hi, lo);
+      *reinterpret_cast<std::uint32_t*>(sTwHi + at_t(r, j)) = hi;
+      *reinterpret_cast<std::uint32_t*>(sTwLo + at_t(r, j)) = lo;
+      detail::split_bf16(t0v * sBeta[j], t1v * sBeta[j + 1], hi, lo);
+      *reinterpret_cast<std::uint32_t*>(sTuHi + at_t(r, j)) = hi;
+      *reinterpret_cast<std::uint32_t*>(sTuLo + at_t(r, j)) = lo;
+    }
   }
   cp_async_wait<0>();  // this thread's v copies
   if constexpr (Wg) detail::fence_proxy_async();
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 5);
-  if constexpr (Wg) {  // W by warpgroup 0, U by warpgroup 1
-    if (warp < 4)
-      split_factor_rows_wgmma(static_cast<St*>(a.W) + pidx * kC * Dk, bytes(sTwHi), bytes(sTwLo),
-                              bytes(sK), op16 ? a.W16 + pidx * kC * Dk : nullptr);
-    else
-      split_factor_rows_wgmma(static_cast<St*>(a.U) + pidx * kC * Dv, bytes(sTuHi), bytes(sTuLo),
-                              bytes(sV));
-  } else {
-    split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK,
-                      op16 ? a.W16 + pidx * kC * Dk : nullptr);
-    split_factor_rows(static_cast<St*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
+  if (!fused_mode) {
+    if constexpr (Wg) {  // W by warpgroup 0, U by warpgroup 1
+      if (warp < 4)
+        split_factor_rows_wgmma(static_cast<St*>(a.W) + pidx * kC * Dk, bytes(sTwHi), bytes(sTwLo),
+                                bytes(sK), op16 ? a.W16 + pidx * kC * Dk : nullptr);
+      else
+        split_factor_rows_wgmma(static_cast<St*>(a.U) + pidx * kC * Dv, bytes(sTuHi), bytes(sTuLo),
+                                bytes(sV));
+    } else {
+      split_factor_rows(static_cast<St*>(a.W) + pidx * kC * Dk, Dk, sTwHi, sTwLo, sK, ldK,
+                        op16 ? a.W16 + pidx * kC * Dk : nullptr);
+      split_factor_rows(static_cast<St*>(a.U) + pidx * kC * Dv, Dv, sTuHi, sTuLo, sV, ldV);
+    }
   }
   if (a.phase_cycles) {  // the block's end: its last warp to finish
     __syncthreads();

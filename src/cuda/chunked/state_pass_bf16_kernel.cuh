@@ -165,14 +165,10 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
         detail::split_bf16(S[nt][2 * hf], S[nt][2 * hf + 1], hi, lo);
         *reinterpret_cast<std::uint32_t*>(sShi + i * ldB + j) = hi;
         if constexpr (!Single) *reinterpret_cast<std::uint32_t*>(sSlo + i * ldB + j) = lo;
-        if (a.saved) {  // one 8-byte store where aligned (j is even)
-          float* rec = a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * Dv + col0;
-          if ((reinterpret_cast<std::uintptr_t>(rec + j) & 7) == 0) {
-            *reinterpret_cast<float2*>(rec + j) = make_float2(S[nt][2 * hf], S[nt][2 * hf + 1]);
-          } else {
-            rec[j] = S[nt][2 * hf];
-            rec[j + 1] = S[nt][2 * hf + 1];
-          }
+        if (a.saved) {
+          float* rec =
+              a.saved + slot * a.saved_s0 + h * a.saved_s1 + std::int64_t(i) * Dv + col0 + j;
+          store_pair_any(rec, S[nt][2 * hf], S[nt][2 * hf + 1], pair_aligned(rec));
         }
       }
     cp_async_wait<NS - 2>();  // chunk c's W, U, k rows, fk (this thread's copies)

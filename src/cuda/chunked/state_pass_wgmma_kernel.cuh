@@ -116,10 +116,7 @@ __global__ void __launch_bounds__(kStateWgmmaThreads, NS == 1 ? 2 : 1)
   auto sfk = [&](int b) { return reinterpret_cast<float*>(smem + L::fk) + b * kC; };
   auto sfq = [&](int b) { return reinterpret_cast<float*>(smem + L::fq) + b * kC; };
 
-  const std::uint32_t smem16 = detail::smem_addr(smem) >> 4;
-  auto desc = [smem16](std::uint32_t tile_byte, wgmma_layout::Operand d) {
-    return detail::wgmma_desc16(smem16, tile_byte, d);
-  };
+  const detail::RegionDescriptors desc(smem);  // tiles by byte offset in smem
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wg = detail::warpgroup_index(), wl = warp & 3;  // warpgroup, warp within it
   const int lg = lane >> 2, lc = lane & 3;

@@ -19,30 +19,34 @@
 
 namespace gdr::cuda::detail {
 
-// The descriptor of operand d of the tile at `tile` (shared memory): start address >> 4 (bits
-// 0-13), leading byte offset >> 4 (16-29), stride byte offset >> 4 (32-45), base offset 0
-// (49-51), layout 0 = no swizzling (62-63).
-__device__ __forceinline__ std::uint64_t wgmma_desc(const void* tile, wgmma_layout::Operand d) {
-  const std::uint64_t addr = smem_addr(tile) + d.start;
-  return ((addr & 0x3ffffu) >> 4) | (std::uint64_t((d.lbo >> 4) & 0x3fffu) << 16) |
-         (std::uint64_t((d.sbo >> 4) & 0x3fffu) << 32);
-}
-
-// Shared-memory writes of the generic proxy (st.shared, cp.async landed and waited for) are made
-// visible to the async proxy that wgmma reads through by fence_proxy_async (mma_tf32.cuh), by
-// every writing thread, before the barrier that precedes the products.
-// Before the first product of a group whose accumulators the threads wrote.
 // The descriptor of operand d of the tile at byte tile_byte of a shared region whose shared
-// address / 16 is base16 (detail::smem_addr(region) >> 4, once per kernel). Where tile_byte and d
-// are compile-time constants a descriptor costs one add, where wgmma_desc recomputes the address
-// conversion, shifts and masks per instruction. No mask on the sum: shared addresses / 16 stay
-// below 2^14, the width of the address field.
+// address / 16 is base16: start address >> 4 (bits 0-13), leading byte offset >> 4 (16-29),
+// stride byte offset >> 4 (32-45), base offset 0 (49-51), layout 0 = no swizzling (62-63). No
+// mask on the sum: shared addresses / 16 stay below 2^14, the width of the address field. Where
+// tile_byte and d are compile-time constants a descriptor costs an add (RegionDescriptors).
 __device__ __forceinline__ std::uint64_t wgmma_desc16(std::uint32_t base16, std::uint32_t tile_byte,
                                                       wgmma_layout::Operand d) {
   return std::uint64_t(base16 + ((tile_byte + d.start) >> 4)) |
          (std::uint64_t((d.lbo >> 4) & 0x3fffu) << 16) |
          (std::uint64_t((d.sbo >> 4) & 0x3fffu) << 32);
 }
+// The descriptor of operand d of the tile at `tile` (shared memory).
+__device__ __forceinline__ std::uint64_t wgmma_desc(const void* tile, wgmma_layout::Operand d) {
+  return wgmma_desc16(smem_addr(tile) >> 4, 0, d);
+}
+// The descriptors of the operands in one shared region (a kernel's dynamic shared memory): the
+// region's address / 16 taken once, tiles named by their byte offsets in it.
+struct RegionDescriptors {
+  std::uint32_t base16;
+  __device__ explicit RegionDescriptors(const void* region) : base16(smem_addr(region) >> 4) {}
+  __device__ std::uint64_t operator()(std::uint32_t tile_byte, wgmma_layout::Operand d) const {
+    return wgmma_desc16(base16, tile_byte, d);
+  }
+};
+
+// Shared-memory writes of the generic proxy (st.shared, cp.async landed and waited for) are made
+// visible to the async proxy that wgmma reads through by fence_proxy_async (mma_tf32.cuh), by
+// every writing thread, before the barrier that precedes the products.
 
 // The warpgroup index of the calling thread (threadIdx.x / 128) broadcast from lane 0, so that the
 // compiler knows it is uniform across the warp and keeps what depends on it (the descriptors) in
@@ -51,6 +55,7 @@ __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 }
 
+// Before the first product of a group whose accumulators the threads wrote.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
