@@ -250,8 +250,10 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "time only this shape of the list (0-based)");
   app.add_option("--segments", overrides.chunked_segments,
                  "segment split: chunks per segment (> 0), -1 no split, 0 the rule");
-  app.add_option("--state-bv", overrides.chunked_state_columns,
-                 "state pass value columns per block: 16 or 32 (0 the rule)");
+  app.add_option(
+      "--state-bv", overrides.chunked_state_columns,
+      "state pass value columns per block: 16 or 32; the fused pass (--state-pass 5): 32, 64 or "
+      "128 (0 the rule)");
   app.add_option("--state-buffers", overrides.chunked_state_buffers,
                  "state pass W / Kd buffers: 1 or 2; 3 or 4 stages of the bf16 pass's copies "
                  "(0 the rule)");

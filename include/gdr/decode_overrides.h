@@ -50,7 +50,8 @@ struct DecodeOverrides {
   int chunked_segments = 0;   // the chunked forward (Path::chunkwise on cuda): chunks per segment
                               //   of the state pass's exact segment split (> 0), or -1 = no split
   int chunked_state_columns = 0;    // the chunked forward's state pass (unsplit): 16 or 32 value
-                                    //   columns per block
+                                    //   columns per block; the fused pass (chunked_state_pass =
+                                    //   5): 32, 64 or 128
   int chunked_state_buffers = 0;    // the chunked forward's state pass: 1 or 2 W / Kd buffers
                                     //   (2 only where the shared memory allows); 3 or 4: the
                                     //   bf16 pass's stages of copies (row-factor path, not with

@@ -83,28 +83,33 @@ TEST(WgmmaLayout, StatePassOperandsReadWhatTheyMean) {
 TEST(WgmmaLayout, FusedPassOperandsReadWhatTheyMean) {
   namespace fp = cuda::chunked::fused_pass;
   const int C = fp::kRows, D = fp::kD;
-  for (int wg = 0; wg < 2; ++wg) {
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const std::string at = " wg " + std::to_string(wg) + " ks " + std::to_string(ks);
-      // K S_b (and Q S_b): A(m, k) = krows[m][16 ks + k]; B(n, k) = S_b[16 ks + k][64 wg + n].
-      expect_reads("K S, A" + at, fp::rows_a(ks), false, C,
-                   [&](int m, int k) { return tile_offset(m, 16 * ks + k, D); });
-      expect_reads("K S, B" + at, fp::cols_b(wg, ks), true, 64,
-                   [&](int n, int k) { return tile_offset(16 * ks + k, 64 * wg + n, D); });
-    }
-    for (int ks = 0; ks < C / 16; ++ks) {
-      const std::string at = " wg " + std::to_string(wg) + " ks " + std::to_string(ks);
-      // T~ Y (and P Vn): A(m, k) = T~[m][16 ks + k]; B(n, k) = Y[16 ks + k][64 wg + n].
-      expect_reads("T Y, A" + at, fp::cc_a(ks), false, C,
-                   [&](int m, int k) { return tile_offset(m, 16 * ks + k, C); });
-      expect_reads("T Y, B" + at, fp::cols_b(wg, ks), true, 64,
-                   [&](int n, int k) { return tile_offset(16 * ks + k, 64 * wg + n, D); });
-      // K^T V: A(m, k) = K^T[64 wg + m][16 ks + k] = krows[16 ks + k][64 wg + m];
-      // B(n, k) = V[16 ks + k][n], all 128 columns.
-      expect_reads("K^T V, A" + at, fp::update_a(wg, ks), true, 64,
-                   [&](int m, int k) { return tile_offset(16 * ks + k, 64 * wg + m, D); });
-      expect_reads("K^T V, B" + at, fp::update_b(ks), true, D,
-                   [&](int n, int k) { return tile_offset(16 * ks + k, n, D); });
+  for (int bv : {128, 64, 32}) {
+    const int H = bv / 2;  // a warpgroup's columns in the C-row products
+    for (int wg = 0; wg < 2; ++wg) {
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const std::string at =
+            " bv " + std::to_string(bv) + " wg " + std::to_string(wg) + " ks " + std::to_string(ks);
+        // K S_b (and Q S_b): A(m, k) = krows[m][16 ks + k]; B(n, k) = S_b[16 ks + k][H wg + n].
+        expect_reads("K S, A" + at, fp::rows_a(ks), false, C,
+                     [&](int m, int k) { return tile_offset(m, 16 * ks + k, D); });
+        expect_reads("K S, B" + at, fp::cols_b(bv, wg, ks), true, H,
+                     [&](int n, int k) { return tile_offset(16 * ks + k, H * wg + n, bv); });
+      }
+      for (int ks = 0; ks < C / 16; ++ks) {
+        const std::string at =
+            " bv " + std::to_string(bv) + " wg " + std::to_string(wg) + " ks " + std::to_string(ks);
+        // T~ Y (and P Vn): A(m, k) = T~[m][16 ks + k]; B(n, k) = Y[16 ks + k][H wg + n].
+        expect_reads("T Y, A" + at, fp::cc_a(ks), false, C,
+                     [&](int m, int k) { return tile_offset(m, 16 * ks + k, C); });
+        expect_reads("T Y, B" + at, fp::cols_b(bv, wg, ks), true, H,
+                     [&](int n, int k) { return tile_offset(16 * ks + k, H * wg + n, bv); });
+        // K^T V: A(m, k) = K^T[64 wg + m][16 ks + k] = krows[16 ks + k][64 wg + m];
+        // B(n, k) = V[16 ks + k][n], all bv columns.
+        expect_reads("K^T V, A" + at, fp::update_a(wg, ks), true, 64,
+                     [&](int m, int k) { return tile_offset(16 * ks + k, 64 * wg + m, D); });
+        expect_reads("K^T V, B" + at, fp::update_b(bv, ks), true, bv,
+                     [&](int n, int k) { return tile_offset(16 * ks + k, n, bv); });
+      }
     }
   }
 }

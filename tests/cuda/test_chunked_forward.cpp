@@ -629,34 +629,45 @@ TEST(CudaChunkedForward, SingleProductStatePass) {
 }
 
 // The fused pass (fused_pass_kernel.cuh, DecodeOverrides::chunked_state_pass = 5: Vnew = T~ (V -
-// diag(ek) K S) on chip from prep's fused mode, 128 value columns per block, warpgroup products)
-// against the float64 reference at the tensor-core bar: both layouts, mild, strong and extreme
-// decay, GQA, T not a multiple of the chunk, h0 and the final state; the saved chunk states (fp32
-// and bf16, the training forward) against the CPU path's; varlen with empty and 1-token
-// sequences and the fused gate, beta sigmoid and q / k L2 norm (prep's part of the algebra); 4096
-// tokens at beta 1 and mild decay, then g = -30; the warpgroup prep (chunked_prep = 3) feeding it.
+// diag(ek) K S) on chip from prep's fused mode, warpgroup products; 128, 64 or 32 value columns
+// per block by chunked_state_columns) against the float64 reference at the tensor-core bar: both
+// layouts, mild, strong and extreme decay, GQA, T not a multiple of the chunk, h0 and the final
+// state, each column width; the saved chunk states (fp32 and bf16, the training forward) against
+// the CPU path's; varlen with empty and 1-token sequences and the fused gate, beta sigmoid and
+// q / k L2 norm (prep's part of the algebra); 4096 tokens at beta 1 and mild decay, then g = -30;
+// the warpgroup prep (chunked_prep = 3) feeding it.
 TEST(CudaChunkedForward, FusedStatePass) {
   REQUIRE_GPU();
   DecodeOverrides fused;
   fused.chunked_state_pass = 5;
-  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
-    Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
-    c.decay = decay;
-    c.h0 = c.final_state = true;
-    c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
-    check_chunked("fused pass", c, decay != Decay::extreme, 0, fused);
-  }
-  {
+  fused.chunked_state_columns = 128;
+  auto columns = [&](int bv) {
+    DecodeOverrides o = fused;
+    o.chunked_state_columns = bv;
+    return o;
+  };
+  for (int bv : {128, 64, 32})
+    for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
+      Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
+      c.decay = decay;
+      c.h0 = c.final_state = true;
+      c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
+      check_chunked("fused pass, " + std::to_string(bv) + " columns", c, decay != Decay::extreme, 0,
+                    columns(bv));
+    }
+  for (int bv : {128, 32}) {
     Case c = base_case(1, 64 * 2 + 40, 1, 2, 128);
     c.h0 = c.final_state = true;
-    check_chunked("fused pass (bf16 saved)", c, true, 0, fused, true);
+    check_chunked("fused pass (bf16 saved), " + std::to_string(bv) + " columns", c, true, 0,
+                  columns(bv), true);
   }
-  {
+  for (int bv : {128, 64}) {
     Case c = base_case(1, 0, 2, 4, 128);
     c.seqlens = {130, 0, 1, 64, 300};
     c.h0 = c.final_state = true;
     c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
-    check_chunked("fused pass, varlen, fused options", c, true, 0, fused);
+    check_chunked("fused pass, varlen, fused options, " + std::to_string(bv) + " columns", c, true,
+                  0, columns(bv));
   }
   Case c = base_case(1, 4096, 1, 2, 128);
   c.decay = Decay::mild;
@@ -664,6 +675,7 @@ TEST(CudaChunkedForward, FusedStatePass) {
   TestData d = make_problem(c);
   d.beta.fill(1.0);
   check_chunked("fused pass, beta 1, 4096 tokens", d, false, 0, fused);
+  check_chunked("fused pass, beta 1, 4096 tokens, 32 columns", d, false, 0, columns(32));
   DecodeOverrides wg = fused;
   wg.chunked_prep = 3;
   check_chunked("fused pass, warpgroup prep", d, false, 0, wg);

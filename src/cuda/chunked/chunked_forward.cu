@@ -111,13 +111,41 @@ void launch_state_wgmma(const ChunkArgs& a, int stages, int device, cudaStream_t
     launch_state_wgmma_stages<FuseOut, Stored, 2>(a, device, stream, op);
 }
 
-// The fused pass (fused_pass_kernel.cuh): grid (N, Hv), all 128 value columns per block.
-void launch_fused_pass(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  constexpr std::size_t smem = chunked::FusedPassSmem::bytes;
-  allow_shared(reinterpret_cast<const void*>(chunked::fused_pass_kernel), smem, device, op, true);
-  chunked::fused_pass_kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv)),
-                               chunked::kFusedThreads, smem, stream>>>(a);
+// The fused pass (fused_pass_kernel.cuh): grid (N, Hv, 128 / BV), BV value columns per block.
+template <int BV>
+void launch_fused_pass_columns(const ChunkArgs& a, int device, cudaStream_t stream,
+                               const char* op) {
+  constexpr std::size_t smem = chunked::FusedPassSmem<BV>::bytes;
+  const auto kernel = chunked::fused_pass_kernel<BV>;
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
+  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv), chunked::kFusedD / BV),
+           chunked::kFusedThreads, smem, stream>>>(a);
   check(cudaGetLastError(), op, "fused_pass_kernel launch");
+}
+void launch_fused_pass(const ChunkArgs& a, int columns, int device, cudaStream_t stream,
+                       const char* op) {
+  if (columns == 32)
+    launch_fused_pass_columns<32>(a, device, stream, op);
+  else if (columns == 64)
+    launch_fused_pass_columns<64>(a, device, stream, op);
+  else
+    launch_fused_pass_columns<128>(a, device, stream, op);
+}
+
+// Value columns per block of the fused pass: 128, halved (to 64, then 32) while twice the blocks
+// would still fit one wave on the SMs (a guess until measured: 1 x 16384 at Hv = 32 takes 32,
+// 8 x 4096 128); DecodeOverrides::chunked_state_columns = 32, 64 or 128 forces it.
+int fused_columns(const Problem& prob, const DecodeOverrides& forced, int sms) {
+  const int f = forced.chunked_state_columns;
+  if (f == 32 || f == 64 || f == 128) return f;
+  int bv = chunked::kFusedD;
+  while (bv > 32 && 2 * prob.N * prob.Hv * (chunked::kFusedD / bv) <= sms) bv /= 2;
+  return bv;
+}
+std::size_t fused_smem_bytes(int columns) {
+  return columns == 32   ? chunked::FusedPassSmem<32>::bytes
+         : columns == 64 ? chunked::FusedPassSmem<64>::bytes
+                         : chunked::FusedPassSmem<128>::bytes;
 }
 
 // Value columns per block of the unsplit state pass: 32, 16 when 32 would leave more than half the
@@ -151,10 +179,11 @@ bool prep_bf16_applies(const ChunkArgs& a, const DecodeOverrides& forced, int sm
 // q, k, v rows) at Dk = Dv = 128, unsplit, with chunks, where both kernels' shared memory fits. It
 // computes the output and takes prep's fused mode (T~ and ek instead of W and U).
 bool fused_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
-                      int smem_optin) {
+                      int sms, int smem_optin) {
   return forced.chunked_state_pass == 5 && prep_bf16_applies(a, forced, smem_optin) &&
          prob.Dk == chunked::kFusedD && prob.Dv == chunked::kFusedD && a.seg_chunks == 0 &&
-         a.slots > 0 && chunked::FusedPassSmem::bytes <= static_cast<std::size_t>(smem_optin);
+         a.slots > 0 &&
+         fused_smem_bytes(fused_columns(prob, forced, sms)) <= static_cast<std::size_t>(smem_optin);
 }
 
 // Whether the output is computed inside the state pass instead of by chunk_output_kernel: where the
@@ -166,7 +195,7 @@ bool fused_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverr
 // (1 x 16384: 2.52 -> 2.12 ms, 8 x 4096: 5.04 -> 4.02, 1 x 65536: 9.52 -> 7.67).
 bool fused_output(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced, int sms,
                   int smem_optin) {
-  if (fused_state_pass(a, prob, forced, smem_optin)) return true;
+  if (fused_state_pass(a, prob, forced, sms, smem_optin)) return true;
   if (forced.chunked_overlap == 1 || forced.chunked_overlap == 2 || a.slots == 0) return false;
   if (wgmma_state_pass(a, prob, forced, sms, smem_optin)) return true;
   return a.row_factors && prob.Dk == chunked::kStateBf16Dk && forced.chunked_state_pass != 1 &&
@@ -182,7 +211,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
   // 16-byte aligned q, k, v rows.
   bool prep_bf16 = false;
   if constexpr (sizeof(St) == 2) prep_bf16 = prep_bf16_applies(a, forced, smem_optin);
-  const bool fused = prep_bf16 && fused_state_pass(a, prob, forced, smem_optin);
+  const bool fused = prep_bf16 && fused_state_pass(a, prob, forced, sms, smem_optin);
   if (fused) a.ek = static_cast<float*>(a.U);  // prep's fused mode; U's scratch is free then
   if (a.slots > 0 && prep_bf16) {
     launch_prep_bf16(a, dev, stream, op);
@@ -244,7 +273,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
                                  ? forced.chunked_state_buffers
                                  : (blocks32 > sms ? 1 : 2);
     if (fused)
-      launch_fused_pass(a, dev, stream, op);
+      launch_fused_pass(a, fused_columns(prob, forced, sms), dev, stream, op);
     else if (wgmma && fuse_out && stored)
       launch_state_wgmma<true, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma && fuse_out)

@@ -3,28 +3,35 @@
 // §A fused forward on warpgroup products; this is its first form: two warpgroups, no warp
 // specialisation, no segments). The row-factor path (scalar gate, bf16 inputs without a mask,
 // Dk = Dv = 128, 16-byte aligned rows), the output inside; DecodeOverrides::chunked_state_pass =
-// 5, opt-in until it has run on a GPU.
+// 5, opt-in until it has run on a GPU. A block takes BV of the 128 value columns (BV = 128, 64 or
+// 32: grid (N, Hv, 128 / BV); the columns of the state are independent, so that fewer columns per
+// block fill more SMs where sequences x heads are few, at the price of the k, q, T~, P tiles read
+// once per block).
 //
-// Inputs per chunk c of value head h (item p): the raw q, k rows of the key head and the v rows
-// (bf16, staged as tiles), and from the bf16 prep's fused mode T~ = Tinv diag(beta) (bf16 [C][C])
-// and ek = e^G / |k| (fp32 [C]), with prep's P (bf16 [C][C]), fq, fk (fp32 [C]) and gn. Per
-// chunk, for the state S [Dk][Dv] (fp32, in registers: warpgroup w holds state rows 64 w ..
-// 64 w + 63 as one m64n128 accumulator, warp i of the block the rows 16 i .. 16 i + 15):
-//   publish  S -> bf16 tile S_b [Dk][Dv] (and the chunk-state record where asked: `saved` fp32,
+// Inputs per chunk c of value head h (item p): the raw q, k rows of the key head and the block's
+// columns of the v rows (bf16, staged as tiles), and from the bf16 prep's fused mode T~ = Tinv
+// diag(beta) (bf16 [C][C]) and ek = e^G / |k| (fp32 [C]), with prep's P (bf16 [C][C]), fq, fk (fp32
+// [C]) and gn. Per chunk, for the block's columns of the state S [Dk][BV] (fp32, in registers:
+// warpgroup w holds state rows 64 w .. 64 w + 63 as one m64nBV accumulator, warp i of the block the
+// rows 16 i .. 16 i + 15):
+//   publish  S -> bf16 tile S_b [Dk][BV] (and the chunk-state record where asked: `saved` fp32,
 //            `states16` bf16 = S_b);
-//   X  = K S_b, QS = Q S_b           warpgroup w: value columns 64 w .. 64 w + 63, 8 x m64n64k16
-//                                    each (A = the k / q rows K-major, B = S_b N-major);
-//   Y  = bf16(V - diag(ek) X)       -> tile [C][Dv] (the warpgroup's columns);
-//   Vn = T~ Y                        4 x m64n64k16 (A = T~ K-major, B = Y N-major);
+//   X  = K S_b, QS = Q S_b           warpgroup w: the block's columns BV / 2 w .. BV / 2 (w + 1) -
+//   1,
+//                                    8 x m64n(BV / 2)k16 each (A = the k / q rows K-major, B = S_b
+//                                    N-major);
+//   Y  = bf16(V - diag(ek) X)       -> tile [C][BV] (the warpgroup's columns);
+//   Vn = T~ Y                        4 x m64n(BV / 2)k16 (A = T~ K-major, B = Y N-major);
 //   bf16(Vn) -> tile, bf16(diag(fk) Vn) -> tile; QS rows *= fq;
-//   S  <- gn S + K^T bf16(diag(fk) Vn)   warpgroup w: its state rows, all columns, 4 x m64n128k16
+//   S  <- gn S + K^T bf16(diag(fk) Vn)   warpgroup w: its state rows, all BV columns, 4 x m64nBVk16
 //                                    (A = the k rows read M-major, K^T in the instruction);
-//   o  = diag(fq) QS + P bf16(Vn)    4 x m64n64k16 into QS, rows < the chunk's length to o (bf16).
+//   o  = diag(fq) QS + P bf16(Vn)    4 x m64n(BV / 2)k16 into QS, rows < the chunk's length to o.
 // So Vnew = Tinv diag(beta) (V - diag(e^G / |k|) K S) = U - W S without W or U in memory.
 // Roundings (bench/cuda_chunked_error_model.py --fused): S_b in X and QS, Y, T~, Vn in P Vn and
 // diag(fk) Vn in the update are bf16; accumulation fp32; S fp32.
-// Shared memory: two stages of {k, q, v rows 16 KB each, T~, P 8 KB each, ek, fk, fq}, S_b 32 KB,
-// Y, Vn, diag(fk) Vn 16 KB each: 209.5 KB, one block per SM.
+// Shared memory: two stages of {k, q rows 16 KB each, v rows BV / 8 KB, T~, P 8 KB each, ek, fk,
+// fq}, S_b BV / 4 KB, Y, Vn, diag(fk) Vn BV / 8 KB each: 209.5 KB at BV = 128, 153.5 KB at 64,
+// 125.5 KB at 32; one block per SM.
 #pragma once
 
 #include <cstddef>
@@ -39,24 +46,31 @@ namespace gdr::cuda::chunked {
 inline constexpr int kFusedThreads = 256;       // two warpgroups
 inline constexpr int kFusedD = fused_pass::kD;  // Dk = Dv
 
-// Byte offsets of the kernel's shared-memory regions (tiles 128-byte aligned).
+// Byte offsets of the kernel's shared-memory regions at BV value columns per block (tiles 128-byte
+// aligned).
+template <int BV>
 struct FusedPassSmem {
   static constexpr std::uint32_t rows = kC * kFusedD * 2;  // a [C][128] bf16 tile
+  static constexpr std::uint32_t cols = kC * BV * 2;       // a [C][BV] bf16 tile
   static constexpr std::uint32_t cc = kC * kC * 2;         // a [C][C] bf16 tile
-  static constexpr std::uint32_t K = 0, Q = rows, V = 2 * rows, T = 3 * rows, P = T + cc;
+  static constexpr std::uint32_t K = 0, Q = rows, V = 2 * rows, T = V + cols, P = T + cc;
   static constexpr std::uint32_t EK = P + cc, FK = EK + 4 * kC, FQ = FK + 4 * kC;
   static constexpr std::uint32_t stage = FQ + 4 * kC;  // per stage
-  static constexpr std::uint32_t S = 2 * stage;        // S_b [Dk][Dv]
-  static constexpr std::uint32_t Y = S + kFusedD * kFusedD * 2;
-  static constexpr std::uint32_t Vn = Y + rows;
-  static constexpr std::uint32_t Vk = Vn + rows;
-  static constexpr std::uint32_t bytes = Vk + rows;
+  static constexpr std::uint32_t S = 2 * stage;        // S_b [Dk][BV]
+  static constexpr std::uint32_t Y = S + kFusedD * BV * 2;
+  static constexpr std::uint32_t Vn = Y + cols;
+  static constexpr std::uint32_t Vk = Vn + cols;
+  static constexpr std::uint32_t bytes = Vk + cols;
   static_assert(stage % 128 == 0, "stages keep the tiles 128-byte aligned");
 };
 
+template <int BV>
 __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs a) {
-  using L = FusedPassSmem;
+  static_assert(BV == 128 || BV == 64 || BV == 32, "value columns per block: 128, 64 or 32");
+  using L = FusedPassSmem<BV>;
   constexpr int D = kFusedD;
+  constexpr int H = BV / 2;  // a warpgroup's columns in the C-row products
+  constexpr int JH = H / 8, JS = BV / 8;
   using wgmma_layout::tile_offset;
   extern __shared__ float4 smem4[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -71,6 +85,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
   const int lg = lane >> 2, lc = lane & 3;
   const int h = blockIdx.y, hk = h / a.group;
   const std::int64_t n = blockIdx.x;
+  const int c0 = BV * static_cast<int>(blockIdx.z);  // the block's first value column
   const SeqInfo seq = seq_info(a, n);
   const std::int64_t chunks = seq.chunks;
   auto item = [&](std::int64_t c) { return (seq.slot0 + c) * a.Hv + h; };
@@ -84,8 +99,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
                                       len);
     copy_token_tile<D, kFusedThreads>(smem + st + L::Q, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk,
                                       len);
-    copy_token_tile<D, kFusedThreads>(smem + st + L::V, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h,
-                                      len);
+    copy_token_tile<BV, kFusedThreads>(smem + st + L::V,
+                                       static_cast<const __nv_bfloat16*>(a.v) + c0, a.v_sb, a.v_st,
+                                       a.v_sh, seq.b, t0, h, len);
     copy_tile<kC, kFusedThreads>(smem + st + L::T, gT + item(c) * kC * kC, kC);
     copy_tile<kC, kFusedThreads>(smem + st + L::P, gP + item(c) * kC * kC, kC);
     copy_block<1, kC, kFusedThreads>(f32(st + L::EK), kC, a.ek + item(c) * kC, kC);
@@ -93,10 +109,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     copy_block<1, kC, kFusedThreads>(f32(st + L::FQ), kC, a.fq + item(c) * kC, kC);
   };
 
-  // S[j][e]: state row 16 warp + lg + 8 (e >> 1), column 8 j + 2 lc + (e & 1).
+  // S[j][e]: state row 16 warp + lg + 8 (e >> 1), column c0 + 8 j + 2 lc + (e & 1).
   const int i0 = 16 * warp;
-  float S[16][4];
-  load_state_slice(a.h0, n * a.h0_s0 + h * a.h0_s1, a.h0_s2, a.v_first, 0, i0, S);
+  float S[JS][4];
+  load_state_slice(a.h0, n * a.h0_s0 + h * a.h0_s1, a.h0_s2, a.v_first, c0, i0, S);
   float gn_next = 0.f;
   if (chunks > 0) {
     issue(0);
@@ -104,7 +120,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
   }
   detail::cp_async_commit();
 
-  const int cw = 64 * wg;  // this warpgroup's value columns in the C-row products
+  const int cw = H * wg;  // this warpgroup's columns (of the block's) in the C-row products
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::uint32_t st = static_cast<std::uint32_t>(c % 2) * L::stage;
     const std::int64_t slot = seq.slot0 + c;
@@ -116,13 +132,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     __nv_bfloat16* states16 = a.states16 ? a.states16 + rec : nullptr;
     const bool rec_pairs = saved ? pair_aligned(saved) : states16 && pair_aligned(states16);
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < JS; ++j)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = i0 + lg + 8 * hf, col = 8 * j + 2 * lc;
         const float s0 = S[j][2 * hf], s1 = S[j][2 * hf + 1];
-        *bf16_at(L::S + tile_offset(i, col, D)) = __floats2bfloat162_rn(s0, s1);
-        const std::int64_t at = std::int64_t(i) * D + col;
+        *bf16_at(L::S + tile_offset(i, col, BV)) = __floats2bfloat162_rn(s0, s1);
+        const std::int64_t at = std::int64_t(i) * D + c0 + col;
         if (saved)
           store_pair_any(saved + at, s0, s1, rec_pairs);
         else if (states16)  // S_b's values
@@ -138,18 +154,18 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     detail::cp_async_commit();
 
     // X = K S_b, QS = Q S_b on columns cw .. cw + 63.
-    float X[8][4] = {}, QS[8][4] = {};
+    float X[JH][4] = {}, QS[JH][4] = {};
     detail::wgmma_fence_operand(X);
     detail::wgmma_fence_operand(QS);
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      detail::wgmma_m64n64k16<false, true>(X, desc(st + L::K, fused_pass::rows_a(ks)),
-                                           desc(L::S, fused_pass::cols_b(wg, ks)), ks > 0);
+      detail::wgmma_m64k16<H, false, true>(X, desc(st + L::K, fused_pass::rows_a(ks)),
+                                           desc(L::S, fused_pass::cols_b(BV, wg, ks)), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      detail::wgmma_m64n64k16<false, true>(QS, desc(st + L::Q, fused_pass::rows_a(ks)),
-                                           desc(L::S, fused_pass::cols_b(wg, ks)), ks > 0);
+      detail::wgmma_m64k16<H, false, true>(QS, desc(st + L::Q, fused_pass::rows_a(ks)),
+                                           desc(L::S, fused_pass::cols_b(BV, wg, ks)), ks > 0);
     detail::wgmma_commit();
     detail::wgmma_wait<0>();
     detail::wgmma_fence_operand(X);
@@ -158,12 +174,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     {
       const float* ek = f32(st + L::EK);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < JH; ++j)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 16 * wl + lg + 8 * hf, col = cw + 8 * j + 2 * lc;
-          const float2 v = __bfloat1622float2(*bf16_at(st + L::V + tile_offset(r, col, D)));
-          *bf16_at(L::Y + tile_offset(r, col, D)) =
+          const float2 v = __bfloat1622float2(*bf16_at(st + L::V + tile_offset(r, col, BV)));
+          *bf16_at(L::Y + tile_offset(r, col, BV)) =
               __floats2bfloat162_rn(v.x - ek[r] * X[j][2 * hf], v.y - ek[r] * X[j][2 * hf + 1]);
         }
     }
@@ -171,13 +187,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     // Only this warpgroup reads its columns of Y: a barrier of its 128 threads (ids 1, 2).
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
     // Vn = T~ Y on the warpgroup's columns.
-    float Vn[8][4] = {};
+    float Vn[JH][4] = {};
     detail::wgmma_fence_operand(Vn);
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n64k16<false, true>(Vn, desc(st + L::T, fused_pass::cc_a(ks)),
-                                           desc(L::Y, fused_pass::cols_b(wg, ks)), ks > 0);
+      detail::wgmma_m64k16<H, false, true>(Vn, desc(st + L::T, fused_pass::cc_a(ks)),
+                                           desc(L::Y, fused_pass::cols_b(BV, wg, ks)), ks > 0);
     detail::wgmma_commit();
     detail::wgmma_wait<0>();
     detail::wgmma_fence_operand(Vn);
@@ -186,13 +202,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
       const float* fk = f32(st + L::FK);
       const float* fq = f32(st + L::FQ);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < JH; ++j)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 16 * wl + lg + 8 * hf, col = cw + 8 * j + 2 * lc;
           const float v0 = Vn[j][2 * hf], v1 = Vn[j][2 * hf + 1];
-          *bf16_at(L::Vn + tile_offset(r, col, D)) = __floats2bfloat162_rn(v0, v1);
-          *bf16_at(L::Vk + tile_offset(r, col, D)) = __floats2bfloat162_rn(fk[r] * v0, fk[r] * v1);
+          *bf16_at(L::Vn + tile_offset(r, col, BV)) = __floats2bfloat162_rn(v0, v1);
+          *bf16_at(L::Vk + tile_offset(r, col, BV)) = __floats2bfloat162_rn(fk[r] * v0, fk[r] * v1);
           QS[j][2 * hf] *= fq[r];
           QS[j][2 * hf + 1] *= fq[r];
         }
@@ -201,7 +217,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     __syncthreads();  // #2: diag(fk) Vn whole (the update reads every column)
     // S <- gn S + K^T bf16(diag(fk) Vn) on this warpgroup's rows; o += P bf16(Vn).
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < JS; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) S[j][e] *= gn;
     detail::wgmma_fence_operand(S);
@@ -209,12 +225,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     detail::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n128k16<true, true>(S, desc(st + L::K, fused_pass::update_a(wg, ks)),
-                                           desc(L::Vk, fused_pass::update_b(ks)));
+      detail::wgmma_m64k16<BV, true, true>(S, desc(st + L::K, fused_pass::update_a(wg, ks)),
+                                           desc(L::Vk, fused_pass::update_b(BV, ks)));
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks)
-      detail::wgmma_m64n64k16<false, true>(QS, desc(st + L::P, fused_pass::cc_a(ks)),
-                                           desc(L::Vn, fused_pass::cols_b(wg, ks)));
+      detail::wgmma_m64k16<H, false, true>(QS, desc(st + L::P, fused_pass::cc_a(ks)),
+                                           desc(L::Vn, fused_pass::cols_b(BV, wg, ks)));
     detail::wgmma_commit();
     detail::wgmma_wait<0>();
     detail::wgmma_fence_operand(S);
@@ -230,13 +246,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
         __nv_bfloat16* orow = o16 + seq.b * a.o_sb + (seq.bos + c * kC + r) * a.o_st + h * a.o_sh;
         const bool pairs = pair_aligned(orow);
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          store_pair_any(orow + cw + 8 * j + 2 * lc, QS[j][2 * hf], QS[j][2 * hf + 1], pairs);
+        for (int j = 0; j < JH; ++j)
+          store_pair_any(orow + c0 + cw + 8 * j + 2 * lc, QS[j][2 * hf], QS[j][2 * hf + 1], pairs);
       }
     }
   }
   cp_async_wait<0>();
-  store_state_slice(a.hout, n * a.hout_s0 + h * a.hout_s1, a.hout_s2, a.v_first, 0, i0, S);
+  store_state_slice(a.hout, n * a.hout_s0 + h * a.hout_s1, a.hout_s2, a.v_first, c0, i0, S);
 }
 
 }  // namespace gdr::cuda::chunked

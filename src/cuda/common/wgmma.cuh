@@ -154,4 +154,20 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], std::uint64_
         "n"(TransB ? 1 : 0));
 }
 
+// D (+)= A B, m64nNk16 for N = 16, 32, 64, 128 (the instruction of that width above), so that a
+// kernel templated on its columns names one product.
+template <int N, bool TransA, bool TransB>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], std::uint64_t da,
+                                             std::uint64_t db, bool accumulate = true) {
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64nNk16: N in {16, 32, 64, 128}");
+  if constexpr (N == 16)
+    wgmma_m64n16k16<TransA, TransB>(d, da, db, accumulate);
+  else if constexpr (N == 32)
+    wgmma_m64n32k16<TransA, TransB>(d, da, db, accumulate);
+  else if constexpr (N == 64)
+    wgmma_m64n64k16<TransA, TransB>(d, da, db, accumulate);
+  else
+    wgmma_m64n128k16<TransA, TransB>(d, da, db, accumulate);
+}
+
 }  // namespace gdr::cuda::detail
