@@ -208,18 +208,22 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   __shared__ long long phase_last;
   phase_mark(a.phase_cycles, phase_last, -1);
 
+  // The fused pass's operands (ChunkArgs::ek set, forward only: fused_pass_kernel.cuh) instead of
+  // the split factors, W and U: no v rows then.
+  const bool fused_mode = !Bwd && a.ek != nullptr;
   if constexpr (Wg) {
     auto tile = [](__nv_bfloat16* x) { return reinterpret_cast<unsigned char*>(x); };
     copy_token_tile<kPrepWgmmaD>(tile(sK), a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len);
     copy_token_tile<kPrepWgmmaD>(tile(sQ), a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len);
     detail::cp_async_commit();
-    copy_token_tile<kPrepWgmmaD>(tile(sV), a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len);
+    if (!fused_mode)
+      copy_token_tile<kPrepWgmmaD>(tile(sV), a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len);
     detail::cp_async_commit();
   } else {
     copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
     copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
     detail::cp_async_commit();
-    copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
+    if (!fused_mode) copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
     detail::cp_async_commit();
   }
   if (tid < kC) {  // beta and the log decay per row; rows past the chunk: 0 (identity steps)
@@ -411,9 +415,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   phase_mark(a.phase_cycles, phase_last, 3);
   unit_lower_inverse(sA, sT, a.tinv_by_columns);  // into the q rows' space; ends with a barrier
   phase_mark(a.phase_cycles, phase_last, 4);
-  // The fused pass's operands (ChunkArgs::ek set, forward only: fused_pass_kernel.cuh) instead of
-  // the split factors, W and U: T~ = Tinv diag(beta) (bf16, in W's place) and ek = e^G nk.
-  const bool fused_mode = !Bwd && a.ek != nullptr;
+  // The fused pass's operands: T~ = Tinv diag(beta) (bf16, in W's place) and ek = e^G nk.
   if (fused_mode) {
     __nv_bfloat16* Tt = static_cast<__nv_bfloat16*>(a.W) + pidx * kC * kC;
     for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
