@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     }
     detail::cp_async_commit();
 
-    // X = K S_b, QS = Q S_b on columns cw .. cw + 63.
+    // X = K S_b, QS = Q S_b on the warpgroup's columns, two groups: Y needs X only, so that Q S_b
+    // (off the critical path) runs while Y is formed.
     float X[JH][4] = {}, QS[JH][4] = {};
     detail::wgmma_fence_operand(X);
     detail::wgmma_fence_operand(QS);
@@ -162,14 +163,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     for (int ks = 0; ks < D / 16; ++ks)
       detail::wgmma_m64k16<H, false, true>(X, desc(st + L::K, fused_pass::rows_a(ks)),
                                            desc(L::S, fused_pass::cols_b(BV, wg, ks)), ks > 0);
+    detail::wgmma_commit();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
       detail::wgmma_m64k16<H, false, true>(QS, desc(st + L::Q, fused_pass::rows_a(ks)),
                                            desc(L::S, fused_pass::cols_b(BV, wg, ks)), ks > 0);
     detail::wgmma_commit();
-    detail::wgmma_wait<0>();
+    detail::wgmma_wait<1>();  // X
     detail::wgmma_fence_operand(X);
-    detail::wgmma_fence_operand(QS);
     // Y = bf16(V - diag(ek) X) on the same columns (fragment rows r, columns cw + 8 j + 2 lc).
     {
       const float* ek = f32(st + L::EK);
@@ -195,7 +196,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
       detail::wgmma_m64k16<H, false, true>(Vn, desc(st + L::T, fused_pass::cc_a(ks)),
                                            desc(L::Y, fused_pass::cols_b(BV, wg, ks)), ks > 0);
     detail::wgmma_commit();
-    detail::wgmma_wait<0>();
+    detail::wgmma_wait<0>();  // QS and Vn
+    detail::wgmma_fence_operand(QS);
     detail::wgmma_fence_operand(Vn);
     // bf16(Vn) for P Vn, bf16(diag(fk) Vn) for the update; QS rows scaled by fq.
     {
