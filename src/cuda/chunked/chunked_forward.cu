@@ -61,9 +61,12 @@ void launch_output(const ChunkArgs& a, int device, cudaStream_t stream, const ch
 
 // The bf16 prep kernel (prep_bf16_kernel.cuh): grid (window slots, Hv).
 void launch_prep_bf16(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
-  const auto kernel = a.prep_wgmma ? chunked::chunk_prep_bf16_kernel<false, true>
-                                   : chunked::chunk_prep_bf16_kernel<false>;
-  const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv);
+  const bool fused = a.ek != nullptr;  // the fused pass's operands (prep_bf16_kernel.cuh)
+  const auto kernel = a.prep_wgmma ? (fused ? chunked::chunk_prep_bf16_kernel<false, true, true>
+                                            : chunked::chunk_prep_bf16_kernel<false, true>)
+                                   : (fused ? chunked::chunk_prep_bf16_kernel<false, false, true>
+                                            : chunked::chunk_prep_bf16_kernel<false>);
+  const std::size_t smem = chunked::prep_bf16_smem_bytes(a.Dk, a.Dv, fused);
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(chunked::window_slots(a)), static_cast<unsigned>(a.Hv)),
            chunked::kPrepBf16Threads, smem, stream>>>(a);

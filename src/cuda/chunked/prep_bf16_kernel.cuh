@@ -34,14 +34,16 @@ inline constexpr int kPrepBf16Threads = 256;
 inline constexpr int kLdT16 = kC + 8;    // row stride (bf16) of the split Tinv factors
 inline constexpr int kPrepWgmmaD = 128;  // Dk = Dv of the warpgroup-product form
 
+// Fused (the fused pass's operands, T~ and ek): no v rows and no split factors (~54 KB at
+// Dk = 128 against ~89 KB).
 struct PrepBf16Smem {
   std::size_t k, q, v, a, tu, small;
-  __host__ __device__ PrepBf16Smem(int Dk, int Dv) {
+  __host__ __device__ PrepBf16Smem(int Dk, int Dv, bool fused = false) {
     k = 2 * std::size_t(kC) * (Dk + 8);
     const std::size_t tinv = 4 * std::size_t(kC) * kLdA;
     q = k > tinv ? k : tinv;
-    v = 2 * std::size_t(kC) * (Dv + 8);
-    const std::size_t split = 2 * 2 * std::size_t(kC) * kLdT16;
+    v = fused ? 0 : 2 * std::size_t(kC) * (Dv + 8);
+    const std::size_t split = fused ? 0 : 2 * 2 * std::size_t(kC) * kLdT16;
     a = tinv > split ? tinv : split;
     tu = split;
     small = 5 * 4 * std::size_t(kC);
@@ -49,8 +51,8 @@ struct PrepBf16Smem {
   __host__ __device__ std::size_t bytes() const { return k + q + v + a + tu + small; }
 };
 
-inline std::size_t prep_bf16_smem_bytes(int Dk, int Dv) {
-  return PrepBf16Smem(Dk, Dv).bytes();
+inline std::size_t prep_bf16_smem_bytes(int Dk, int Dv, bool fused = false) {
+  return PrepBf16Smem(Dk, Dv, fused).bytes();
 }
 
 // acc[nt] += F[r0 .. r0 + 15, 0 .. 16 (rb + 1)) X[.., c0 .. c0 + 31] for F = hi + lo (split
@@ -151,12 +153,17 @@ __device__ __forceinline__ void split_factor_rows_wgmma(St* out, const unsigned 
 // rows and the split factors as warpgroup-product tiles (wgmma_layout.h), K K^T and Q K^T as 8
 // m64n64k16 per warpgroup (one each), W and U as split_factor_rows_wgmma (one warpgroup each); the
 // rest as above.
-template <bool Bwd = false, bool Wg = false>
-__global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(ChunkArgs a) {
+// Fused (ChunkArgs::ek set, forward only): the fused pass's operands (fused_pass_kernel.cuh)
+// instead of the split factors, W and U: T~ = Tinv diag(beta) (bf16, in W's place) and ek = e^G nk;
+// no v rows, less shared memory (PrepBf16Smem) and fewer registers: three blocks per SM.
+template <bool Bwd = false, bool Wg = false, bool Fused = false>
+__global__ void __launch_bounds__(kPrepBf16Threads, Fused ? 3 : 2)
+    chunk_prep_bf16_kernel(ChunkArgs a) {
+  static_assert(!(Bwd && Fused), "the fused pass's operands are the forward's");
   using St = std::conditional_t<Bwd, float, __nv_bfloat16>;
   extern __shared__ float4 smem4[];
   const int Dk = a.Dk, Dv = a.Dv, ldK = Dk + 8, ldV = Dv + 8;
-  const PrepBf16Smem lay(Dk, Dv);
+  const PrepBf16Smem lay(Dk, Dv, Fused);
   char* p = reinterpret_cast<char*>(smem4);
   __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(p);
   p += lay.k;
@@ -208,22 +215,21 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   __shared__ long long phase_last;
   phase_mark(a.phase_cycles, phase_last, -1);
 
-  // The fused pass's operands (ChunkArgs::ek set, forward only: fused_pass_kernel.cuh) instead of
-  // the split factors, W and U: no v rows then.
-  const bool fused_mode = !Bwd && a.ek != nullptr;
+  constexpr bool fused_mode = Fused;  // no v rows then
   if constexpr (Wg) {
     auto tile = [](__nv_bfloat16* x) { return reinterpret_cast<unsigned char*>(x); };
     copy_token_tile<kPrepWgmmaD>(tile(sK), a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len);
     copy_token_tile<kPrepWgmmaD>(tile(sQ), a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len);
     detail::cp_async_commit();
-    if (!fused_mode)
+    if constexpr (!fused_mode)
       copy_token_tile<kPrepWgmmaD>(tile(sV), a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len);
     detail::cp_async_commit();
   } else {
     copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
     copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
     detail::cp_async_commit();
-    if (!fused_mode) copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
+    if constexpr (!fused_mode)
+      copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
     detail::cp_async_commit();
   }
   if (tid < kC) {  // beta and the log decay per row; rows past the chunk: 0 (identity steps)
@@ -416,7 +422,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   unit_lower_inverse(sA, sT, a.tinv_by_columns);  // into the q rows' space; ends with a barrier
   phase_mark(a.phase_cycles, phase_last, 4);
   // The fused pass's operands: T~ = Tinv diag(beta) (bf16, in W's place) and ek = e^G nk.
-  if (fused_mode) {
+  if constexpr (fused_mode) {
     __nv_bfloat16* Tt = static_cast<__nv_bfloat16*>(a.W) + pidx * kC * kC;
     for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
       const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
@@ -444,7 +450,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, 2) chunk_prep_bf16_kernel(Ch
   if constexpr (Wg) detail::fence_proxy_async();
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 5);
-  if (!fused_mode) {
+  if constexpr (!fused_mode) {
     if constexpr (Wg) {  // W by warpgroup 0, U by warpgroup 1
       if (warp < 4)
         split_factor_rows_wgmma(static_cast<St*>(a.W) + pidx * kC * Dk, bytes(sTwHi), bytes(sTwLo),
