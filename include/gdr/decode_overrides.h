@@ -72,16 +72,16 @@ struct DecodeOverrides {
   int chunked_state_pass = 0;       // the chunked forward's unsplit state pass: 1 = the general
                                     //   one (state in shared memory), 2 = the bf16 one with the
                                     //   state in registers wherever it applies (bf16 scratch,
-                                    //   Dk = 128; the rule: 2), 3 = that pass on warpgroup
-                                    //   products where it runs with 32 value columns (opt-in:
-                                    //   correct and slower on an H100, a560176); 4 = 2 with one
-                                    //   product where it takes two (S and Vnew rounded to bf16
-                                    //   as operands) where the output is inside it (opt-in
-                                    //   until measured; elsewhere as 2); 5 = the fused pass
-                                    //   (fused_pass_kernel.cuh: Vnew = T~ (V - diag(ek) K S) on
-                                    //   chip, 128 columns per block, warpgroup products) on the
-                                    //   row-factor path at Dk = Dv = 128 (opt-in until it has
-                                    //   run on a GPU; elsewhere as 2)
+                                    //   Dk = 128), 3 = that pass on warpgroup products where it
+                                    //   runs with 32 value columns (opt-in: correct and slower
+                                    //   on an H100, a560176); 4 = 2 with one product where it
+                                    //   takes two (S and Vnew rounded to bf16 as operands) where
+                                    //   the output is inside it (elsewhere as 2); 5 = the fused
+                                    //   pass (fused_pass_kernel.cuh: Vnew = T~ (V - diag(ek) K S)
+                                    //   on chip, warpgroup products) on the row-factor path at
+                                    //   Dk = Dv = 128 (elsewhere as 2). The rule (0): 5 where
+                                    //   sequences x value heads fill the SMs, else 4 where the
+                                    //   output is inside the bf16 pass, else 2 (H100, 921d278)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

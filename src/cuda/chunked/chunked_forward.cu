@@ -135,15 +135,12 @@ void launch_fused_pass(const ChunkArgs& a, int columns, int device, cudaStream_t
     launch_fused_pass_columns<128>(a, device, stream, op);
 }
 
-// Value columns per block of the fused pass: 128, halved (to 64, then 32) while twice the blocks
-// would still fit one wave on the SMs (a guess until measured: 1 x 16384 at Hv = 32 takes 32,
-// 8 x 4096 128); DecodeOverrides::chunked_state_columns = 32, 64 or 128 forces it.
-int fused_columns(const Problem& prob, const DecodeOverrides& forced, int sms) {
+// Value columns per block of the fused pass: 128 (the rule takes the pass only where sequences x
+// heads fill the SMs); DecodeOverrides::chunked_state_columns = 32, 64 or 128 forces it (forced
+// into the pass at 1 x 16384, H100, 921d278: 128 columns 2.47 ms, 64 2.04, 32 1.62).
+int fused_columns(const DecodeOverrides& forced) {
   const int f = forced.chunked_state_columns;
-  if (f == 32 || f == 64 || f == 128) return f;
-  int bv = chunked::kFusedD;
-  while (bv > 32 && 2 * prob.N * prob.Hv * (chunked::kFusedD / bv) <= sms) bv /= 2;
-  return bv;
+  return f == 32 || f == 64 || f == 128 ? f : chunked::kFusedD;
 }
 std::size_t fused_smem_bytes(int columns) {
   return columns == 32   ? chunked::FusedPassSmem<32>::bytes
@@ -177,16 +174,21 @@ bool prep_bf16_applies(const ChunkArgs& a, const DecodeOverrides& forced, int sm
          chunked::prep_bf16_smem_bytes(a.Dk, a.Dv) <= static_cast<std::size_t>(smem_optin);
 }
 
-// Whether the fused pass runs (fused_pass_kernel.cuh; opt-in until it has run on a GPU:
-// DecodeOverrides::chunked_state_pass = 5): the row-factor path with the bf16 prep (16-byte aligned
-// q, k, v rows) at Dk = Dv = 128, unsplit, with chunks, where both kernels' shared memory fits. It
-// computes the output and takes prep's fused mode (T~ and ek instead of W and U).
+// Whether the fused pass runs (fused_pass_kernel.cuh): the row-factor path with the bf16 prep
+// (16-byte aligned q, k, v rows) at Dk = Dv = 128, unsplit, with chunks, where both kernels' shared
+// memory fits; by rule where sequences x value heads fill the SMs (one block of 128 columns each),
+// or forced by DecodeOverrides::chunked_state_pass = 5. It computes the output and takes prep's
+// fused mode (T~ and ek instead of W and U). The rule since it ran (H100, 921d278, bench/results/
+// 2026-12-07-chunk-sweep-h100-921d278.json): 8 x 4096 2.43 ms against 3.51 (the bf16 pass) and
+// 3.50 (single products); at N x Hv = 32 slower at every width (1 x 16384: 1.62 ms at best
+// against 1.54 with single products).
 bool fused_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
                       int sms, int smem_optin) {
-  return forced.chunked_state_pass == 5 && prep_bf16_applies(a, forced, smem_optin) &&
-         prob.Dk == chunked::kFusedD && prob.Dv == chunked::kFusedD && a.seg_chunks == 0 &&
-         a.slots > 0 &&
-         fused_smem_bytes(fused_columns(prob, forced, sms)) <= static_cast<std::size_t>(smem_optin);
+  const bool wanted =
+      forced.chunked_state_pass == 5 || (forced.chunked_state_pass == 0 && prob.N * prob.Hv >= sms);
+  return wanted && prep_bf16_applies(a, forced, smem_optin) && prob.Dk == chunked::kFusedD &&
+         prob.Dv == chunked::kFusedD && a.seg_chunks == 0 && a.slots > 0 &&
+         fused_smem_bytes(fused_columns(forced)) <= static_cast<std::size_t>(smem_optin);
 }
 
 // Whether the output is computed inside the state pass instead of by chunk_output_kernel: where the
@@ -276,7 +278,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
                                  ? forced.chunked_state_buffers
                                  : (blocks32 > sms ? 1 : 2);
     if (fused)
-      launch_fused_pass(a, fused_columns(prob, forced, sms), dev, stream, op);
+      launch_fused_pass(a, fused_columns(forced), dev, stream, op);
     else if (wgmma && fuse_out && stored)
       launch_state_wgmma<true, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma && fuse_out)
@@ -285,7 +287,10 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       launch_state_wgmma<false, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma)
       launch_state_wgmma<false>(a, wgmma_stages, dev, stream, op);
-    else if (fuse_out && forced.chunked_state_pass == 4)  // single products (opt-in)
+    else if (fuse_out && (forced.chunked_state_pass == 0 || forced.chunked_state_pass == 4))
+      // Single products (state_pass_bf16_kernel.cuh), the rule since it ran (H100, 921d278):
+      // 1 x 16384 1.54 ms against 1.84 with the double products (chunked_state_pass = 2), 1 x
+      // 65536 6.07 against 6.95, 1 x 32768 Hk 32 3.30 against 3.55, 1 x 4096 0.50 against 0.52.
       bv == 16 ? launch_state_bf16<16, true, false, 2, true>(a, dev, stream, op)
                : launch_state_bf16<32, true, false, 2, true>(a, dev, stream, op);
     else if (fuse_out && bv == 16)
