@@ -56,7 +56,9 @@ struct DecodeOverrides {
                                     //   (2 only where the shared memory allows); 3 or 4: the
                                     //   bf16 pass's stages of copies (row-factor path, not with
                                     //   the output inside it; else 2); the warpgroup pass's
-                                    //   stages: 1 or 2 (else 2 in one wave of blocks, else 1)
+                                    //   stages: 1 or 2 (else 2 in one wave of blocks, else 1);
+                                    //   the fused pass at 64 or 32 columns: 1 = one stage (two
+                                    //   blocks per SM; else 2)
   int chunked_overlap = 0;          // the chunked forward: 1 = the output kernel after the state
                                     //   pass, 2 = overlapped with it where possible, 3 = the
                                     //   output inside the bf16 state pass where that pass runs

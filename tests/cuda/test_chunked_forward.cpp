@@ -634,8 +634,9 @@ TEST(CudaChunkedForward, SingleProductStatePass) {
 // layouts, mild, strong and extreme decay, GQA, T not a multiple of the chunk, h0 and the final
 // state, each column width; the saved chunk states (fp32 and bf16, the training forward) against
 // the CPU path's; varlen with empty and 1-token sequences and the fused gate, beta sigmoid and
-// q / k L2 norm (prep's part of the algebra); 4096 tokens at beta 1 and mild decay, then g = -30;
-// the warpgroup prep (chunked_prep = 3) feeding it.
+// q / k L2 norm (prep's part of the algebra); 4096 tokens at beta 1 and mild decay (also with one
+// stage of copies, chunked_state_buffers = 1), then g = -30; the warpgroup prep (chunked_prep = 3)
+// feeding it.
 TEST(CudaChunkedForward, FusedStatePass) {
   REQUIRE_GPU();
   DecodeOverrides fused;
@@ -676,6 +677,12 @@ TEST(CudaChunkedForward, FusedStatePass) {
   d.beta.fill(1.0);
   check_chunked("fused pass, beta 1, 4096 tokens", d, false, 0, fused);
   check_chunked("fused pass, beta 1, 4096 tokens, 32 columns", d, false, 0, columns(32));
+  for (int bv : {64, 32}) {  // one stage of copies (two blocks per SM)
+    DecodeOverrides one = columns(bv);
+    one.chunked_state_buffers = 1;
+    check_chunked("fused pass, beta 1, 4096 tokens, one stage, " + std::to_string(bv) + " columns",
+                  d, false, 0, one);
+  }
   DecodeOverrides wg = fused;
   wg.chunked_prep = 3;
   check_chunked("fused pass, warpgroup prep", d, false, 0, wg);

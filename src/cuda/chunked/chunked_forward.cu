@@ -115,20 +115,27 @@ void launch_state_wgmma(const ChunkArgs& a, int stages, int device, cudaStream_t
 }
 
 // The fused pass (fused_pass_kernel.cuh): grid (N, Hv, 128 / BV), BV value columns per block.
-template <int BV>
+template <int BV, int Stages = 2>
 void launch_fused_pass_columns(const ChunkArgs& a, int device, cudaStream_t stream,
                                const char* op) {
-  constexpr std::size_t smem = chunked::FusedPassSmem<BV>::bytes;
-  const auto kernel = chunked::fused_pass_kernel<BV>;
+  constexpr std::size_t smem = chunked::FusedPassSmem<BV, Stages>::bytes;
+  const auto kernel = chunked::fused_pass_kernel<BV, Stages>;
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
   kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv), chunked::kFusedD / BV),
            chunked::kFusedThreads, smem, stream>>>(a);
   check(cudaGetLastError(), op, "fused_pass_kernel launch");
 }
-void launch_fused_pass(const ChunkArgs& a, int columns, int device, cudaStream_t stream,
-                       const char* op) {
-  if (columns == 32)
+// One stage (two blocks per SM) by DecodeOverrides::chunked_state_buffers = 1 at 64 or 32 columns
+// (opt-in, unmeasured), else two.
+void launch_fused_pass(const ChunkArgs& a, int columns, const DecodeOverrides& forced, int device,
+                       cudaStream_t stream, const char* op) {
+  const bool one_stage = forced.chunked_state_buffers == 1;
+  if (columns == 32 && one_stage)
+    launch_fused_pass_columns<32, 1>(a, device, stream, op);
+  else if (columns == 32)
     launch_fused_pass_columns<32>(a, device, stream, op);
+  else if (columns == 64 && one_stage)
+    launch_fused_pass_columns<64, 1>(a, device, stream, op);
   else if (columns == 64)
     launch_fused_pass_columns<64>(a, device, stream, op);
   else
@@ -278,7 +285,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
                                  ? forced.chunked_state_buffers
                                  : (blocks32 > sms ? 1 : 2);
     if (fused)
-      launch_fused_pass(a, fused_columns(forced), dev, stream, op);
+      launch_fused_pass(a, fused_columns(forced), forced, dev, stream, op);
     else if (wgmma && fuse_out && stored)
       launch_state_wgmma<true, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma && fuse_out)

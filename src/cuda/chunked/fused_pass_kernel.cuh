@@ -29,9 +29,12 @@
 // So Vnew = Tinv diag(beta) (V - diag(e^G / |k|) K S) = U - W S without W or U in memory.
 // Roundings (bench/cuda_chunked_error_model.py --fused): S_b in X and QS, Y, T~, Vn in P Vn and
 // diag(fk) Vn in the update are bf16; accumulation fp32; S fp32.
-// Shared memory: two stages of {k, q rows 16 KB each, v rows BV / 8 KB, T~, P 8 KB each, ek, fk,
-// fq}, S_b BV / 4 KB, Y, Vn, diag(fk) Vn BV / 8 KB each: 209.5 KB at BV = 128, 153.5 KB at 64,
-// 125.5 KB at 32; one block per SM.
+// Shared memory: Stages stages of {k, q rows 16 KB each, v rows BV / 8 KB, T~, P 8 KB each, ek,
+// fk, fq}, S_b BV / 4 KB, Y, Vn, diag(fk) Vn BV / 8 KB each. Two stages (the next chunk's copies in
+// flight during this one's products): 209.5 KB at BV = 128, 153.5 KB at 64, 125.5 KB at 32; one
+// block per SM. One stage (BV = 64 or 32; the copies of chunk c + 1 issued once chunk c's products
+// are done, DecodeOverrides::chunked_state_buffers = 1; opt-in, unmeasured): 96.75 KB at 64, 72.75
+// KB at 32, two blocks per SM, whose chains interleave.
 #pragma once
 
 #include <cstddef>
@@ -48,7 +51,7 @@ inline constexpr int kFusedD = fused_pass::kD;  // Dk = Dv
 
 // Byte offsets of the kernel's shared-memory regions at BV value columns per block (tiles 128-byte
 // aligned).
-template <int BV>
+template <int BV, int Stages = 2>
 struct FusedPassSmem {
   static constexpr std::uint32_t rows = kC * kFusedD * 2;  // a [C][128] bf16 tile
   static constexpr std::uint32_t cols = kC * BV * 2;       // a [C][BV] bf16 tile
@@ -56,7 +59,7 @@ struct FusedPassSmem {
   static constexpr std::uint32_t K = 0, Q = rows, V = 2 * rows, T = V + cols, P = T + cc;
   static constexpr std::uint32_t EK = P + cc, FK = EK + 4 * kC, FQ = FK + 4 * kC;
   static constexpr std::uint32_t stage = FQ + 4 * kC;  // per stage
-  static constexpr std::uint32_t S = 2 * stage;        // S_b [Dk][BV]
+  static constexpr std::uint32_t S = Stages * stage;   // S_b [Dk][BV]
   static constexpr std::uint32_t Y = S + kFusedD * BV * 2;
   static constexpr std::uint32_t Vn = Y + cols;
   static constexpr std::uint32_t Vk = Vn + cols;
@@ -64,10 +67,12 @@ struct FusedPassSmem {
   static_assert(stage % 128 == 0, "stages keep the tiles 128-byte aligned");
 };
 
-template <int BV>
-__global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs a) {
+template <int BV, int Stages = 2>
+__global__ void __launch_bounds__(kFusedThreads, Stages == 1 ? 2 : 1)
+    fused_pass_kernel(ChunkArgs a) {
   static_assert(BV == 128 || BV == 64 || BV == 32, "value columns per block: 128, 64 or 32");
-  using L = FusedPassSmem<BV>;
+  static_assert(Stages == 2 || (Stages == 1 && BV <= 64), "one stage: 64 or 32 columns");
+  using L = FusedPassSmem<BV, Stages>;
   constexpr int D = kFusedD;
   constexpr int H = BV / 2;  // a warpgroup's columns in the C-row products
   constexpr int JH = H / 8, JS = BV / 8;
@@ -92,7 +97,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
   const __nv_bfloat16* gT = static_cast<const __nv_bfloat16*>(a.W);  // T~ in W's scratch
   const __nv_bfloat16* gP = static_cast<const __nv_bfloat16*>(a.P);
   auto issue = [&](std::int64_t c) {
-    const std::uint32_t st = static_cast<std::uint32_t>(c % 2) * L::stage;
+    const std::uint32_t st = static_cast<std::uint32_t>(c % Stages) * L::stage;
     const std::int64_t t0 = seq.bos + c * kC;
     const int len = chunk_rows(seq, c);
     copy_token_tile<D, kFusedThreads>(smem + st + L::K, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk,
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
 
   const int cw = H * wg;  // this warpgroup's columns (of the block's) in the C-row products
   for (std::int64_t c = 0; c < chunks; ++c) {
-    const std::uint32_t st = static_cast<std::uint32_t>(c % 2) * L::stage;
+    const std::uint32_t st = static_cast<std::uint32_t>(c % Stages) * L::stage;
     const std::int64_t slot = seq.slot0 + c;
     const float gn = gn_next;
     // Publish S as bf16 (and the chunk-state record; its columns are even, so one alignment test
@@ -147,11 +152,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
     cp_async_wait<0>();  // chunk c's tiles (this thread's copies)
     detail::fence_proxy_async();
     __syncthreads();  // #1: S_b published, chunk c's tiles landed, chunk c - 1's stage free
-    if (c + 1 < chunks) {
-      issue(c + 1);
-      gn_next = a.gn[item(c + 1)];
+    if (Stages == 2) {
+      if (c + 1 < chunks) {
+        issue(c + 1);
+        gn_next = a.gn[item(c + 1)];
+      }
+      detail::cp_async_commit();
     }
-    detail::cp_async_commit();
 
     // X = K S_b, QS = Q S_b on the warpgroup's columns, two groups: Y needs X only, so that Q S_b
     // (off the critical path) runs while Y is formed.
@@ -251,6 +258,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_pass_kernel(ChunkArgs 
         for (int j = 0; j < JH; ++j)
           store_pair_any(orow + c0 + cw + 8 * j + 2 * lc, QS[j][2 * hf], QS[j][2 * hf + 1], pairs);
       }
+    }
+    if (Stages == 1 && c + 1 < chunks) {
+      __syncthreads();  // #3: both warpgroups' products of chunk c have read the stage
+      issue(c + 1);
+      gn_next = a.gn[item(c + 1)];
+      detail::cp_async_commit();
     }
   }
   cp_async_wait<0>();
