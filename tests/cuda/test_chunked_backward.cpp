@@ -218,6 +218,20 @@ TEST(CudaChunkedBackward, WideReversePass) {
   check_backward("wide reverse pass", c);
 }
 
+// The forward's rule where sequences x value heads fill the SMs (the fused pass, 128 columns:
+// chunked_forward.cu fused_state_pass) writes the chunk states the backward reads: B = ceil(SMs /
+// Hv) sequences, h0 and dht given.
+TEST(CudaChunkedBackward, ForwardRuleAtManyBlocks) {
+  REQUIRE_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const std::int64_t Hv = 16;
+  Case c = base_case((sms + Hv - 1) / Hv, 64 + 30, 4, Hv, 128);
+  c.gate = GateKind::scalar;
+  c.h0 = c.final_state = true;
+  check_backward("forward rule at many blocks", c);
+}
+
 // The saved chunk states written by the forward's fwd-fast modes (bf16 scratch with row factors:
 // scalar gate, bf16, no mask; the exact segment split, forced to 2 chunks per segment; the state
 // pass with the output kernel overlapped, or not; bf16 saved states) feed the backward, which

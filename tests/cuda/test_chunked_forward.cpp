@@ -690,6 +690,24 @@ TEST(CudaChunkedForward, FusedStatePass) {
   check_chunked("fused pass, beta 1, g=-30", d, false, 0, fused);
 }
 
+// The rule's choice where sequences x value heads fill the SMs (chunked_forward.cu
+// fused_state_pass: the fused pass, 128 columns; the other tests have fewer rows and take the bf16
+// pass): B = ceil(SMs / Hv) sequences, h0 and the final state, the saved fp32 chunk states
+// against the CPU path's, then varlen with empty and 1-token sequences among them.
+TEST(CudaChunkedForward, RuleAtManyBlocks) {
+  REQUIRE_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const std::int64_t Hv = 16, B = (sms + Hv - 1) / Hv;
+  Case c = base_case(B, 64 * 2 + 11, 4, Hv, 128);
+  c.h0 = c.final_state = true;
+  check_chunked("rule, B x Hv >= SMs", c, true);
+  Case v = base_case(1, 0, 4, Hv, 128);
+  for (std::int64_t n = 0; n < B + 2; ++n) v.seqlens.push_back(n % 5 == 0 ? 0 : 1 + 37 * n % 150);
+  v.h0 = v.final_state = true;
+  check_chunked("rule, varlen, N x Hv >= SMs", v, true);
+}
+
 TEST(CudaChunkedForward, LongSequence) {
   REQUIRE_GPU();
   Case c = base_case(1, 1 << 17, 1, 1, 64);
