@@ -66,6 +66,18 @@ inline Path cuda_forward_path(const Problem& prob) {
   return longer_than_a_chunk && few_rows ? Path::chunkwise : Path::sequential;
 }
 
+// CUDA chunked forward on the row-factor path at Dk = Dv = 128 (src/cuda/chunked/
+// chunked_forward.cu fused_state_pass): the fused state pass (Vnew formed on chip, one block of all
+// 128 value columns per sequence and value head) where sequences x value heads fill the SMs, else
+// the bf16 pass (32 value columns per block, single products). Measured on an H100 (921d278,
+// bench/results/2026-12-07-chunk-sweep-h100-921d278.json): 8 x 4096, Hv = 32 (256 rows) 2.43 ms
+// against 3.50; at 32 rows (1 x 16384) 2.47 against 1.54, and still 1.62 with 32 columns per
+// block. The rows between 32 and 256 are not measured: the threshold is where a block of each
+// fills the SMs once.
+inline bool cuda_chunked_fused_pass(std::int64_t N, std::int64_t Hv, int sms) {
+  return N * Hv >= sms;
+}
+
 // CUDA chunked forward, exact segment splitting of the state pass (docs/cuda-chunked.md
 // §Segments): chunks per segment, or 0 for no split. The state pass is sequential over a
 // sequence's chunks and has N Hv Dv / 16 blocks at 16 value columns; a split runs the segments

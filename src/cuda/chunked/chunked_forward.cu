@@ -183,16 +183,14 @@ bool prep_bf16_applies(const ChunkArgs& a, const DecodeOverrides& forced, int sm
 
 // Whether the fused pass runs (fused_pass_kernel.cuh): the row-factor path with the bf16 prep
 // (16-byte aligned q, k, v rows) at Dk = Dv = 128, unsplit, with chunks, where both kernels' shared
-// memory fits; by rule where sequences x value heads fill the SMs (one block of 128 columns each),
-// or forced by DecodeOverrides::chunked_state_pass = 5. It computes the output and takes prep's
-// fused mode (T~ and ek instead of W and U). The rule since it ran (H100, 921d278, bench/results/
-// 2026-12-07-chunk-sweep-h100-921d278.json): 8 x 4096 2.43 ms against 3.51 (the bf16 pass) and
-// 3.50 (single products); at N x Hv = 32 slower at every width (1 x 16384: 1.62 ms at best
-// against 1.54 with single products).
+// memory fits; by rule where sequences x value heads fill the SMs (heuristics::
+// cuda_chunked_fused_pass, with its measurements), or forced by DecodeOverrides::chunked_state_pass
+// = 5. It computes the output and takes prep's fused mode (T~ and ek instead of W and U).
 bool fused_state_pass(const ChunkArgs& a, const Problem& prob, const DecodeOverrides& forced,
                       int sms, int smem_optin) {
   const bool wanted =
-      forced.chunked_state_pass == 5 || (forced.chunked_state_pass == 0 && prob.N * prob.Hv >= sms);
+      forced.chunked_state_pass == 5 ||
+      (forced.chunked_state_pass == 0 && heuristics::cuda_chunked_fused_pass(prob.N, prob.Hv, sms));
   return wanted && prep_bf16_applies(a, forced, smem_optin) && prob.Dk == chunked::kFusedD &&
          prob.Dv == chunked::kFusedD && a.seg_chunks == 0 && a.slots > 0 &&
          fused_smem_bytes(fused_columns(forced)) <= static_cast<std::size_t>(smem_optin);
