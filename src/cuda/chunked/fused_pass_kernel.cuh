@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kFusedThreads, Stages == 1 ? 2 : 1)
     cp_async_wait<0>();  // chunk c's tiles (this thread's copies)
     detail::fence_proxy_async();
     __syncthreads();  // #1: S_b published, chunk c's tiles landed, chunk c - 1's stage free
-    if (Stages == 2) {
+    if constexpr (Stages == 2) {
       if (c + 1 < chunks) {
         issue(c + 1);
         gn_next = a.gn[item(c + 1)];

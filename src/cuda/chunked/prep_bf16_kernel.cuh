@@ -215,20 +215,19 @@ __global__ void __launch_bounds__(kPrepBf16Threads, Fused ? 3 : 2)
   __shared__ long long phase_last;
   phase_mark(a.phase_cycles, phase_last, -1);
 
-  constexpr bool fused_mode = Fused;  // no v rows then
   if constexpr (Wg) {
     auto tile = [](__nv_bfloat16* x) { return reinterpret_cast<unsigned char*>(x); };
     copy_token_tile<kPrepWgmmaD>(tile(sK), a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len);
     copy_token_tile<kPrepWgmmaD>(tile(sQ), a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len);
     detail::cp_async_commit();
-    if constexpr (!fused_mode)
+    if constexpr (!Fused)  // the fused pass reads the v rows itself
       copy_token_tile<kPrepWgmmaD>(tile(sV), a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len);
     detail::cp_async_commit();
   } else {
     copy_token_rows(sK, ldK, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, Dk);
     copy_token_rows(sQ, ldK, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, Dk);
     detail::cp_async_commit();
-    if constexpr (!fused_mode)
+    if constexpr (!Fused)
       copy_token_rows(sV, ldV, a.v, a.v_sb, a.v_st, a.v_sh, seq.b, t0, h, len, Dv);
     detail::cp_async_commit();
   }
@@ -422,7 +421,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, Fused ? 3 : 2)
   unit_lower_inverse(sA, sT, a.tinv_by_columns);  // into the q rows' space; ends with a barrier
   phase_mark(a.phase_cycles, phase_last, 4);
   // The fused pass's operands: T~ = Tinv diag(beta) (bf16, in W's place) and ek = e^G nk.
-  if constexpr (fused_mode) {
+  if constexpr (Fused) {
     __nv_bfloat16* Tt = static_cast<__nv_bfloat16*>(a.W) + pidx * kC * kC;
     for (int e = tid; e < kC * kC / 2; e += kPrepBf16Threads) {
       const int r = e / (kC / 2), j = 2 * (e - r * (kC / 2));
@@ -446,11 +445,11 @@ __global__ void __launch_bounds__(kPrepBf16Threads, Fused ? 3 : 2)
       *reinterpret_cast<std::uint32_t*>(sTuLo + at_t(r, j)) = lo;
     }
   }
-  cp_async_wait<0>();  // this thread's v copies
+  cp_async_wait<0>();  // this thread's v copies (none when Fused)
   if constexpr (Wg) detail::fence_proxy_async();
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 5);
-  if constexpr (!fused_mode) {
+  if constexpr (!Fused) {
     if constexpr (Wg) {  // W by warpgroup 0, U by warpgroup 1
       if (warp < 4)
         split_factor_rows_wgmma(static_cast<St*>(a.W) + pidx * kC * Dk, bytes(sTwHi), bytes(sTwLo),
