@@ -265,12 +265,15 @@ int main(int argc, char** argv) {
                  "prep kernel: 1 the general one, 2 the bf16 one where it applies, 3 that one on "
                  "warpgroup products at Dk = Dv = 128, also in the backward's recompute (0 the "
                  "rule)");
-  app.add_option("--state-pass", overrides.chunked_state_pass,
-                 "state pass: 1 the general one, 2 the bf16 one with the state in registers "
-                 "wherever it applies, also on the stored Kd rows, 3 that one on warpgroup "
-                 "products (32 value columns), 4 the bf16 one with single products where the "
-                 "output is inside it, 5 the fused pass (Vnew from the v rows on chip, 128 "
-                 "columns per block) on the row-factor path at Dk = Dv = 128 (0 the rule)");
+  app.add_option(
+      "--state-pass", overrides.chunked_state_pass,
+      "state pass: 1 the general one, 2 the bf16 one with the state in registers "
+      "wherever it applies, also on the stored Kd rows, 3 that one on warpgroup "
+      "products (32 value columns), 4 the bf16 one with single products where the "
+      "output is inside it, 5 the fused pass (Vnew from the v rows on chip, 128 "
+      "columns per block) on the row-factor path at Dk = Dv = 128, 6 the single-product one "
+      "as a state warpgroup, an output warpgroup and a producer warp (32 columns; "
+      "else 4) (0 the rule)");
   app.add_option("--tinv", overrides.chunked_tinv,
                  "prep kernels' Tinv: 1 by lanes, 2 by columns (0 the rule)")
       ->check(CLI::Range(0, 2));

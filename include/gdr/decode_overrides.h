@@ -83,7 +83,10 @@ struct DecodeOverrides {
                                     //   on chip, warpgroup products) on the row-factor path at
                                     //   Dk = Dv = 128 (elsewhere as 2). The rule (0): 5 where
                                     //   sequences x value heads fill the SMs, else 4 where the
-                                    //   output is inside the bf16 pass, else 2 (H100, 921d278)
+                                    //   output is inside the bf16 pass, else 2 (H100, 921d278);
+                                    //   6 = 4 as three specialised parts (state and output
+                                    //   warpgroups, a producer warp) at 32 columns
+                                    //   (state_pass_ws_kernel.cuh; opt-in until measured)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

@@ -1,6 +1,6 @@
 // The shared-memory layout of the warpgroup products (src/cuda/common/wgmma_layout.h) and the
 // operands that the wgmma state pass and the fused pass form in it (src/cuda/chunked/
-// state_pass_wgmma_layout.h, fused_pass_layout.h), on
+// state_pass_wgmma_layout.h, fused_pass_layout.h; the warp-specialised pass's uses), on
 // the CPU: the tiles' 16-byte units land at consecutive bytes and cover each tile once, and every
 // operand of every product reads, under the instruction's addressing (operand_byte), exactly the
 // tile element the product needs. The addressing itself is the hardware's: CudaWgmma.Probe checks
@@ -78,6 +78,16 @@ TEST(WgmmaLayout, StatePassOperandsReadWhatTheyMean) {
                    [&](int m, int k) { return tile_offset(16 * ks + k, m, C); });
     }
   }
+}
+
+// The warp-specialised pass (state_pass_ws_kernel.cuh) takes all 32 columns in each product: W S_b
+// and Q S_b read S_b [Dk][BV] through kv_b over the Dk / 16 k steps (kv_b's other use, k^T V,
+// takes C / 16 of them); P Vn reads Vn [C][BV] the same way.
+TEST(WgmmaLayout, WarpSpecialisedPassOperandsReadWhatTheyMean) {
+  const int Dk = pass::kDk, BV = pass::kBV;
+  for (int ks = 0; ks < Dk / 16; ++ks)
+    expect_reads("W S_b, B ks " + std::to_string(ks), pass::kv_b(ks), true, BV,
+                 [&](int n, int k) { return tile_offset(16 * ks + k, n, BV); });
 }
 
 TEST(WgmmaLayout, FusedPassOperandsReadWhatTheyMean) {

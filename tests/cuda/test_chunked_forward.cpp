@@ -637,6 +637,43 @@ TEST(CudaChunkedForward, SingleProductStatePass) {
   check_chunked("single products, beta 1, g=-30", d, false, 0, single);
 }
 
+// The warp-specialised single-product pass (state_pass_ws_kernel.cuh, DecodeOverrides::
+// chunked_state_pass = 6: a state warpgroup, an output warpgroup one chunk behind, a producer
+// warp, mbarriers between them) against the float64 reference at the tensor-core bar: both
+// layouts, mild, strong and extreme decay, GQA, T not a multiple of the chunk, h0 and the final
+// state; the saved chunk states (fp32 and bf16) against the CPU path's; varlen with empty and
+// 1-token sequences and the fused options; 4096 tokens at beta 1 (64 chunks: every buffer reused
+// many times, so that a wrong barrier phase would hang or corrupt), then g = -30.
+TEST(CudaChunkedForward, WarpSpecialisedStatePass) {
+  REQUIRE_GPU();
+  DecodeOverrides ws;
+  ws.chunked_state_pass = 6;
+  ws.chunked_state_columns = 32;
+  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
+    Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
+    c.decay = decay;
+    c.h0 = c.final_state = true;
+    c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
+    check_chunked("warp-specialised pass", c, decay != Decay::extreme, 0, ws);
+  }
+  {
+    Case c = base_case(1, 64 * 2 + 40, 1, 2, 128);
+    c.h0 = c.final_state = true;
+    check_chunked("warp-specialised pass (bf16 saved)", c, true, 0, ws, true);
+  }
+  {
+    Case c = base_case(1, 0, 2, 4, 128);
+    c.seqlens = {130, 0, 1, 64, 300};
+    c.h0 = c.final_state = true;
+    c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
+    check_chunked("warp-specialised pass, varlen, fused options", c, true, 0, ws);
+  }
+  TestData d = beta_one_long_problem();
+  check_chunked("warp-specialised pass, beta 1, 4096 tokens", d, false, 0, ws);
+  d.g.fill(-30.0);
+  check_chunked("warp-specialised pass, beta 1, g=-30", d, false, 0, ws);
+}
+
 // The fused pass (fused_pass_kernel.cuh, DecodeOverrides::chunked_state_pass = 5: Vnew = T~ (V -
 // diag(ek) K S) on chip from prep's fused mode, warpgroup products; 128, 64 or 32 value columns
 // per block by chunked_state_columns) against the float64 reference at the tensor-core bar: both

@@ -21,6 +21,7 @@
 #include "cuda/chunked/prep_bf16_kernel.cuh"
 #include "cuda/chunked/state_pass_bf16_kernel.cuh"
 #include "cuda/chunked/state_pass_wgmma_kernel.cuh"
+#include "cuda/chunked/state_pass_ws_kernel.cuh"
 #include "cuda/common/launch.h"
 #include "cuda/common/scratch.h"
 #include "cuda/paths.h"
@@ -85,6 +86,17 @@ void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, cons
                 static_cast<unsigned>(a.Dv / BV)),
            chunked::kStateBf16Threads, smem, stream>>>(a);
   check(cudaGetLastError(), op, "state_pass_bf16_kernel launch");
+}
+
+// The warp-specialised single-product pass (state_pass_ws_kernel.cuh): grid (N, Hv, Dv / 32).
+void launch_state_ws(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
+  const auto kernel = chunked::state_pass_ws_kernel;
+  constexpr std::size_t smem = chunked::StateWsSmem::bytes;
+  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
+  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv),
+                static_cast<unsigned>(a.Dv / chunked::StateWsSmem::BV)),
+           chunked::kStateWsThreads, smem, stream>>>(a);
+  check(cudaGetLastError(), op, "state_pass_ws_kernel launch");
 }
 
 // The warpgroup-product state pass (state_pass_wgmma_kernel.cuh): grid (N, Hv, Dv / 32); FuseOut
@@ -292,7 +304,12 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       launch_state_wgmma<false, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma)
       launch_state_wgmma<false>(a, wgmma_stages, dev, stream, op);
-    else if (fuse_out && (forced.chunked_state_pass == 0 || forced.chunked_state_pass == 4))
+    else if (fuse_out && forced.chunked_state_pass == 6 && bv == 32 &&
+             chunked::StateWsSmem::bytes <= static_cast<std::size_t>(smem_optin))
+      // The warp-specialised single-product pass (opt-in until measured).
+      launch_state_ws(a, dev, stream, op);
+    else if (fuse_out && (forced.chunked_state_pass == 0 || forced.chunked_state_pass == 4 ||
+                          forced.chunked_state_pass == 6))
       // Single products (state_pass_bf16_kernel.cuh), the rule since it ran (H100, 921d278):
       // 1 x 16384 1.54 ms against 1.84 with the double products (chunked_state_pass = 2), 1 x
       // 65536 6.07 against 6.95, 1 x 32768 Hk 32 3.30 against 3.55, 1 x 4096 0.50 against 0.52.
