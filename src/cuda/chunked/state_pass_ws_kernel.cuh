@@ -194,6 +194,7 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
         detail::cp_async16(st + L::FQ + 16 * (lane - 16), a.fq + it * kC + 4 * (lane - 16));
       cp_async_mbar_arrive(bars + kStageFull + s);
     }
+    detail::cp_async_wait_all();  // no copy outlives its thread
     return;
   }
 
