@@ -19,7 +19,6 @@ namespace {
 
 using cuda::wgmma_layout::Operand;
 using cuda::wgmma_layout::operand_byte;
-using cuda::wgmma_layout::tile_copy_unit;
 using cuda::wgmma_layout::tile_offset;
 using cuda::wgmma_layout::tile_unit;
 namespace pass = cuda::chunked::wgmma_pass;
@@ -35,28 +34,6 @@ TEST(WgmmaLayout, TileUnitsAreConsecutiveAndCoverTheTile) {
         ASSERT_EQ(tile_offset(unit.row, unit.col + e, cols), 16u * u + 2u * e)
             << rows << "x" << cols << " unit " << u;
         ++seen[unit.row * cols + unit.col + e];
-      }
-    }
-    for (int s : seen) ASSERT_EQ(s, 1) << rows << "x" << cols;
-  }
-}
-
-// The copies' order (tile_copy_unit): every unit of the tile once, and each quarter warp's 8
-// copies (t = 8 q .. 8 q + 7) as 4 whole 32-byte sectors: pairs (2 m, 2 m + 1) of one row, adjacent
-// columns, the first at a multiple of 16 elements.
-TEST(WgmmaLayout, TileCopiesCoverTheTileBySectors) {
-  for (auto [rows, cols] : {std::pair{64, 128}, {64, 64}, {64, 32}, {64, 16}}) {
-    std::vector<int> seen(rows * cols, 0);
-    for (int t = 0; t < rows * cols / 8; ++t) {
-      const auto u = tile_copy_unit(t, cols);
-      ASSERT_LT(u.row, rows);
-      ASSERT_EQ(u.col % 8, 0);
-      for (int e = 0; e < 8; ++e) ++seen[u.row * cols + u.col + e];
-      if (t % 2 == 1) {
-        const auto first = tile_copy_unit(t - 1, cols);
-        EXPECT_EQ(first.row, u.row) << rows << "x" << cols << " copy " << t;
-        EXPECT_EQ(first.col % 16, 0) << rows << "x" << cols << " copy " << t;
-        EXPECT_EQ(first.col + 8, u.col) << rows << "x" << cols << " copy " << t;
       }
     }
     for (int s : seen) ASSERT_EQ(s, 1) << rows << "x" << cols;

@@ -588,23 +588,22 @@ __device__ __forceinline__ void copy_token_rows(__nv_bfloat16* dst, int ld, cons
 // The same copies into warpgroup-product tiles (wgmma_layout.h): a bf16 block [rows][cols] (row
 // stride src_ld elements; copy_tile) or C token rows as copy_token_rows reads them
 // (copy_token_tile; rows >= len are zeros) by Threads threads (C rows: shapes known when
-// compiling), copy t + i Threads of thread t moving unit tile_copy_unit(t + i Threads) (whole
-// 32-byte sectors per quarter warp) to its tile_offset. Completion: cp_async_wait,
-// fence_proxy_async (mma_tf32.cuh: the products read through the async proxy), a barrier.
+// compiling), unit u of the tile to byte 16 u so that consecutive
+// threads write consecutive bytes. Completion: cp_async_wait, fence_proxy_async (mma_tf32.cuh:
+// the products read through the async proxy), a barrier.
 template <int Cols, int Threads = 256>
 __device__ __forceinline__ void copy_tile(unsigned char* tile, const __nv_bfloat16* src,
                                           std::int64_t src_ld) {
-  // Thread t's copies t + i Threads: the same column group, rows 8 i Threads / Cols apart
-  // (whole bands per round), so that its offsets are loop invariants (as copy_block's).
+  // Thread t copies units t + i Threads: the same column group, rows 8 i Threads / Cols apart
+  // (tile_unit), so that its offsets are loop invariants (as copy_block's).
   constexpr int units = kC * Cols / 8;
   static_assert(Threads % Cols == 0 && units % Threads == 0, "whole rounds of copies");
   const unsigned t = threadIdx.x;
-  const wgmma_layout::Unit p = wgmma_layout::tile_copy_unit(static_cast<int>(t), Cols);
-  unsigned char* dst = tile + wgmma_layout::tile_offset(p.row, p.col, Cols);
+  const wgmma_layout::Unit p = wgmma_layout::tile_unit(static_cast<int>(t), Cols);
 #pragma unroll
   for (int i = 0; i < units / Threads; ++i) {
     const int row = p.row + i * (8 * Threads / Cols);
-    detail::cp_async16(dst + 16 * i * Threads, src + row * src_ld + p.col);
+    detail::cp_async16(tile + 16 * (t + i * Threads), src + row * src_ld + p.col);
   }
 }
 template <int Cols, int Threads = 256>
@@ -615,13 +614,12 @@ __device__ __forceinline__ void copy_token_tile(unsigned char* tile, const void*
   static_assert(Threads % Cols == 0 && units % Threads == 0, "whole rounds of copies");
   const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(src) + b * sb + hk * sh + t0 * st;
   const unsigned t = threadIdx.x;
-  const wgmma_layout::Unit p = wgmma_layout::tile_copy_unit(static_cast<int>(t), Cols);
-  unsigned char* dst = tile + wgmma_layout::tile_offset(p.row, p.col, Cols);
+  const wgmma_layout::Unit p = wgmma_layout::tile_unit(static_cast<int>(t), Cols);
 #pragma unroll
   for (int i = 0; i < units / Threads; ++i) {
     const int row = p.row + i * (8 * Threads / Cols);
     const bool valid = row < len;
-    cp_async16_zfill(dst + 16 * i * Threads, valid ? base + row * st + p.col : base, valid);
+    cp_async16_zfill(tile + 16 * (t + i * Threads), valid ? base + row * st + p.col : base, valid);
   }
 }
 

@@ -82,29 +82,31 @@ __device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(detail::smem_addr(bar)) : "memory");
 }
 // A [C][Cols] tile (wgmma_layout::tile_offset) from rows of stride `ld` elements at src, by the 32
-// lanes of one warp: copy u = lane + 32 i moves unit wgmma_layout::tile_copy_unit(u) (whole
-// sectors per quarter warp).
+// lanes of one warp: unit u = lane + 32 i lands at byte 16 u (wgmma_layout::tile_unit).
 template <int Cols>
 __device__ __forceinline__ void warp_copy_tile(unsigned char* tile, const __nv_bfloat16* src,
                                                std::int64_t ld, int lane) {
-  static_assert(Cols % 32 == 0, "whole quarter warps per row group");
+  constexpr int groups = Cols / 8, per_band = 8 * groups, units = kC * groups;
+  static_assert(per_band % 32 == 0, "whole bands per round");
 #pragma unroll
-  for (int i = 0; i < kC * Cols / 8 / 32; ++i) {
-    const wgmma_layout::Unit p = wgmma_layout::tile_copy_unit(lane + 32 * i, Cols);
-    detail::cp_async16(tile + wgmma_layout::tile_offset(p.row, p.col, Cols),
-                       src + p.row * ld + p.col);
+  for (int i = 0; i < units / 32; ++i) {
+    const int u = lane + 32 * i;  // band i / (per_band / 32), rest = u % per_band
+    const int band = i / (per_band / 32), rest = lane + 32 * (i % (per_band / 32));
+    const int row = 8 * band + rest % 8, col = 8 * (rest / 8);
+    detail::cp_async16(tile + 16 * u, src + row * ld + col);
   }
 }
 // The same for C token rows of a 16-bit input (row stride st elements), rows >= len zeros.
 __device__ __forceinline__ void warp_copy_token_tile(unsigned char* tile, const __nv_bfloat16* src,
                                                      std::int64_t st, int len, int lane) {
-  constexpr int Cols = wgmma_pass::kDk;
+  constexpr int Cols = wgmma_pass::kDk, groups = Cols / 8, per_band = 8 * groups;
 #pragma unroll
-  for (int i = 0; i < kC * Cols / 8 / 32; ++i) {
-    const wgmma_layout::Unit p = wgmma_layout::tile_copy_unit(lane + 32 * i, Cols);
-    const bool valid = p.row < len;
-    cp_async16_zfill(tile + wgmma_layout::tile_offset(p.row, p.col, Cols),
-                     valid ? src + p.row * st + p.col : src, valid);
+  for (int i = 0; i < kC * groups / 32; ++i) {
+    const int u = lane + 32 * i;
+    const int band = i / (per_band / 32), rest = lane + 32 * (i % (per_band / 32));
+    const int row = 8 * band + rest % 8, col = 8 * (rest / 8);
+    const bool valid = row < len;
+    cp_async16_zfill(tile + 16 * u, valid ? src + row * st + col : src, valid);
   }
 }
 // The state warpgroup's fragments S[r][j][e] (state row 64 r + 16 wl + lg + 8 (e >> 1), column

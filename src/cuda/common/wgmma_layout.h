@@ -50,21 +50,6 @@ GDR_HOST_DEVICE constexpr Unit tile_unit(int u, int cols) {
   return Unit{8 * band + rest % 8, 8 * (rest / 8)};
 }
 
-// The unit that copy t of a tile's copies moves from global memory when the copies go by 16 bytes
-// per thread (cp.async): a 16-byte load is served per quarter warp (8 threads), so tile_unit's
-// order (8 rows of one column group per quarter) touches 8 sectors of 32 bytes for 128 bytes and
-// reads twice the sectors it needs (Nsight Compute, H100, 2026-12-07: the L2 at 92 % in the
-// warp-specialised pass, "excessive" sectors = ideal on every tile copy). Here copies 2 m and
-// 2 m + 1 take the two halves of one sector: a quarter reads 4 rows x 32 bytes, whole sectors,
-// and writes them at tile_offset (two units 128 bytes apart share banks: 2-way conflicts on the
-// shared side). Within a band of 8 rows: pair p = (t mod 8 G) / 2 (G = cols / 8 units a row) is
-// row p mod 8, units 2 (p / 8) and 2 (p / 8) + 1. cols: a multiple of 16.
-GDR_HOST_DEVICE constexpr Unit tile_copy_unit(int t, int cols) {
-  const int per_band = cols;  // 8 rows x cols / 8 units
-  const int band = t / per_band, rest = t - band * per_band, pair = rest / 2;
-  return Unit{8 * band + pair % 8, 8 * (2 * (pair / 8) + rest % 2)};
-}
-
 // One operand of one instruction: its start byte in the tile and the two strides.
 struct Operand {
   std::uint32_t start, lbo, sbo;
