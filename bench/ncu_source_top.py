@@ -50,6 +50,9 @@ def main():
     args = ap.parse_args()
     with open(args.csv, newline="") as f:
         lines = [l for l in f if l.strip() and not l.startswith("==")]
+    # ncu 2025+ writes a "Kernel Name", <name> line before the header: start at the header.
+    header = next((i for i, l in enumerate(lines) if l.startswith('"Address"')), 0)
+    lines = lines[header:]
     rows = list(csv.DictReader(lines))
     if not rows:
         sys.exit(f"{args.csv}: no rows")

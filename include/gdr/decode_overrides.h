@@ -86,7 +86,8 @@ struct DecodeOverrides {
                                     //   output is inside the bf16 pass, else 2 (H100, 921d278);
                                     //   6 = 4 as three specialised parts (state and output
                                     //   warpgroups, a producer warp) at 32 columns
-                                    //   (state_pass_ws_kernel.cuh; opt-in until measured)
+                                    //   (state_pass_ws_kernel.cuh; opt-in: correct and
+                                    //   slower on an H100, a5e57c5)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

@@ -306,7 +306,7 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       launch_state_wgmma<false>(a, wgmma_stages, dev, stream, op);
     else if (fuse_out && forced.chunked_state_pass == 6 && bv == 32 &&
              chunked::StateWsSmem::bytes <= static_cast<std::size_t>(smem_optin))
-      // The warp-specialised single-product pass (opt-in until measured).
+      // The warp-specialised single-product pass (opt-in: correct, slower on an H100).
       launch_state_ws(a, dev, stream, op);
     else if (fuse_out && (forced.chunked_state_pass == 0 || forced.chunked_state_pass == 4 ||
                           forced.chunked_state_pass == 6))

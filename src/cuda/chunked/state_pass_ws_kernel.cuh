@@ -1,7 +1,11 @@
 // state_pass_ws_kernel: the single-product bf16 state pass with the output inside
 // (state_pass_bf16_kernel<BV = 32, FuseOut, Single>'s inputs, outputs and roundings) as three
 // specialised parts of one block, so that the sequential chain of a chunk holds only what the
-// next chunk's state needs. DecodeOverrides::chunked_state_pass = 6 (opt-in until measured).
+// next chunk's state needs. DecodeOverrides::chunked_state_pass = 6: opt-in, correct and slower
+// than the mma.sync pass on an H100 (a5e57c5: 1 x 16384 forward 2.02 ms against 1.50, 8 x 4096
+// 3.83 against 3.00; Nsight Compute: 992 us against 634, the L2 at 92 % against 66 %, and 69 % of
+// the executed instructions in the mbarrier wait loops: the one producer warp does not keep the
+// stages full; docs/cuda-chunked.md §The state passes are L2-bound).
 //
 // Why: the mma.sync pass runs the whole chunk (copies, W S, q S, P Vnew, the output stores, the
 // update) on every warp between two block barriers; its ~750 SASS instructions per warp and chunk
