@@ -674,6 +674,37 @@ TEST(CudaChunkedForward, WarpSpecialisedStatePass) {
   check_chunked("warp-specialised pass, beta 1, g=-30", d, false, 0, ws);
 }
 
+// The single-product pass with the rows a head's four 32-column blocks share (W, P, k, q)
+// multicast to their cluster (state_pass_bf16_kernel.cuh Multicast, DecodeOverrides::
+// chunked_state_pass = 7) against the float64 reference at the tensor-core bar: layouts, decay
+// regimes, GQA, T not a multiple of the chunk (zeroed k, q rows past the end), h0 and the final
+// state, the saved chunk states against the CPU path's, varlen with empty and 1-token sequences and
+// the fused options, 4096 tokens at beta 1 (both stages reused 32 times each), g = -30.
+TEST(CudaChunkedForward, MulticastStatePass) {
+  REQUIRE_GPU();
+  DecodeOverrides mc;
+  mc.chunked_state_pass = 7;
+  mc.chunked_state_columns = 32;
+  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
+    Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
+    c.decay = decay;
+    c.h0 = c.final_state = true;
+    c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
+    check_chunked("multicast pass", c, decay != Decay::extreme, 0, mc);
+  }
+  {
+    Case c = base_case(1, 0, 2, 4, 128);
+    c.seqlens = {130, 0, 1, 64, 300};
+    c.h0 = c.final_state = true;
+    c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
+    check_chunked("multicast pass, varlen, fused options", c, true, 0, mc);
+  }
+  TestData d = beta_one_long_problem();
+  check_chunked("multicast pass, beta 1, 4096 tokens", d, false, 0, mc);
+  d.g.fill(-30.0);
+  check_chunked("multicast pass, beta 1, g=-30", d, false, 0, mc);
+}
+
 // The fused pass (fused_pass_kernel.cuh, DecodeOverrides::chunked_state_pass = 5: Vnew = T~ (V -
 // diag(ek) K S) on chip from prep's fused mode, warpgroup products; 128, 64 or 32 value columns
 // per block by chunked_state_columns) against the float64 reference at the tensor-core bar: both
