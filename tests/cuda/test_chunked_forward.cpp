@@ -637,6 +637,37 @@ TEST(CudaChunkedForward, SingleProductStatePass) {
   check_chunked("single products, beta 1, g=-30", d, false, 0, single);
 }
 
+// The cases of the single-product passes' variants (forced by `o`, labelled `family`): layouts,
+// mild, strong and extreme decay, GQA, T not a multiple of the chunk, h0 and the final state, the
+// saved fp32 chunk states against the CPU path's (and bf16 ones where `bf16_saved`); varlen with
+// empty and 1-token sequences and the fused options; 4096 tokens at beta 1, then g = -30.
+void check_single_pass_variant(const std::string& family, const DecodeOverrides& o,
+                               bool bf16_saved) {
+  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
+    Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
+    c.decay = decay;
+    c.h0 = c.final_state = true;
+    c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
+    check_chunked(family, c, decay != Decay::extreme, 0, o);
+  }
+  if (bf16_saved) {
+    Case c = base_case(1, 64 * 2 + 40, 1, 2, 128);
+    c.h0 = c.final_state = true;
+    check_chunked(family + " (bf16 saved)", c, true, 0, o, true);
+  }
+  {
+    Case c = base_case(1, 0, 2, 4, 128);
+    c.seqlens = {130, 0, 1, 64, 300};
+    c.h0 = c.final_state = true;
+    c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
+    check_chunked(family + ", varlen, fused options", c, true, 0, o);
+  }
+  TestData d = beta_one_long_problem();
+  check_chunked(family + ", beta 1, 4096 tokens", d, false, 0, o);
+  d.g.fill(-30.0);
+  check_chunked(family + ", beta 1, g=-30", d, false, 0, o);
+}
+
 // The warp-specialised single-product pass (state_pass_ws_kernel.cuh, DecodeOverrides::
 // chunked_state_pass = 6: a state warpgroup, an output warpgroup one chunk behind, a producer
 // warp, mbarriers between them) against the float64 reference at the tensor-core bar: both
@@ -649,60 +680,22 @@ TEST(CudaChunkedForward, WarpSpecialisedStatePass) {
   DecodeOverrides ws;
   ws.chunked_state_pass = 6;
   ws.chunked_state_columns = 32;
-  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
-    Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
-    c.decay = decay;
-    c.h0 = c.final_state = true;
-    c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
-    check_chunked("warp-specialised pass", c, decay != Decay::extreme, 0, ws);
-  }
-  {
-    Case c = base_case(1, 64 * 2 + 40, 1, 2, 128);
-    c.h0 = c.final_state = true;
-    check_chunked("warp-specialised pass (bf16 saved)", c, true, 0, ws, true);
-  }
-  {
-    Case c = base_case(1, 0, 2, 4, 128);
-    c.seqlens = {130, 0, 1, 64, 300};
-    c.h0 = c.final_state = true;
-    c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
-    check_chunked("warp-specialised pass, varlen, fused options", c, true, 0, ws);
-  }
-  TestData d = beta_one_long_problem();
-  check_chunked("warp-specialised pass, beta 1, 4096 tokens", d, false, 0, ws);
-  d.g.fill(-30.0);
-  check_chunked("warp-specialised pass, beta 1, g=-30", d, false, 0, ws);
+  check_single_pass_variant("warp-specialised pass", ws, true);
 }
 
 // The single-product pass with the rows a head's four 32-column blocks share (W, P, k, q)
 // multicast to their cluster (state_pass_bf16_kernel.cuh Multicast, DecodeOverrides::
 // chunked_state_pass = 7) against the float64 reference at the tensor-core bar: layouts, decay
 // regimes, GQA, T not a multiple of the chunk (zeroed k, q rows past the end), h0 and the final
-// state, the saved chunk states against the CPU path's, varlen with empty and 1-token sequences and
-// the fused options, 4096 tokens at beta 1 (both stages reused 32 times each), g = -30.
+// state, the saved chunk states (fp32, bf16) against the CPU path's, varlen with empty and 1-token
+// sequences and the fused options, 4096 tokens at beta 1 (both stages reused 32 times each), g =
+// -30.
 TEST(CudaChunkedForward, MulticastStatePass) {
   REQUIRE_GPU();
   DecodeOverrides mc;
   mc.chunked_state_pass = 7;
   mc.chunked_state_columns = 32;
-  for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
-    Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
-    c.decay = decay;
-    c.h0 = c.final_state = true;
-    c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
-    check_chunked("multicast pass", c, decay != Decay::extreme, 0, mc);
-  }
-  {
-    Case c = base_case(1, 0, 2, 4, 128);
-    c.seqlens = {130, 0, 1, 64, 300};
-    c.h0 = c.final_state = true;
-    c.gate_in_kernel = c.beta_sigmoid = c.qk_l2norm = true;
-    check_chunked("multicast pass, varlen, fused options", c, true, 0, mc);
-  }
-  TestData d = beta_one_long_problem();
-  check_chunked("multicast pass, beta 1, 4096 tokens", d, false, 0, mc);
-  d.g.fill(-30.0);
-  check_chunked("multicast pass, beta 1, g=-30", d, false, 0, mc);
+  check_single_pass_variant("multicast pass", mc, true);
 }
 
 // The fused pass (fused_pass_kernel.cuh, DecodeOverrides::chunked_state_pass = 5: Vnew = T~ (V -

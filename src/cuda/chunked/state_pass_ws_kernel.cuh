@@ -203,6 +203,19 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
   }
 
   const int wg = detail::warpgroup_index();
+  // acc = R S_b over all 32 columns (8 x m64n32k16, waited for): R the [C][Dk] rows tile at byte
+  // rows (W or q, K-major), S_b the tile at byte sb (N-major).
+  auto rows_times_state = [&](float(&acc)[4][4], std::uint32_t rows, std::uint32_t sb) {
+    detail::wgmma_fence_operand(acc);
+    detail::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Dk / 16; ++ks)
+      detail::wgmma_m64n32k16<false, true>(acc, desc(rows, wgmma_pass::ws_a(ks)),
+                                           desc(sb, wgmma_pass::kv_b(ks)), ks > 0);
+    detail::wgmma_commit();
+    detail::wgmma_wait<0>();
+    detail::wgmma_fence_operand(acc);
+  };
   if (wg == 0) {  // ---- state ----
     // S[r][j][e]: state row 64 r + 16 wl + lg + 8 (e >> 1), column 8 j + 2 lc + (e & 1).
     float S[2][4][4];
@@ -242,15 +255,7 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
       detail::fence_proxy_async();  // the producer's cp.async writes, before the async proxy
       // X = W S_b, all 32 columns.
       float X[4][4];
-      detail::wgmma_fence_operand(X);
-      detail::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Dk / 16; ++ks)
-        detail::wgmma_m64n32k16<false, true>(X, desc(st + L::W, wgmma_pass::ws_a(ks)),
-                                             desc(tS, wgmma_pass::kv_b(ks)), ks > 0);
-      detail::wgmma_commit();
-      detail::wgmma_wait<0>();
-      detail::wgmma_fence_operand(X);
+      rows_times_state(X, st + L::W, tS);
       // Vn = U - X -> vn[s] (once the output part read chunk c - 2's), diag(fk) Vn -> vk.
       if (c >= 2) detail::mbar_wait(bars + kVnEmpty + s, ph ^ 1u);
       {
@@ -312,15 +317,7 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
     detail::mbar_wait(bars + kStageFull + s, ph);
     detail::fence_proxy_async();
     float O[4][4];
-    detail::wgmma_fence_operand(O);
-    detail::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Dk / 16; ++ks)
-      detail::wgmma_m64n32k16<false, true>(O, desc(st + L::Q, wgmma_pass::ws_a(ks)),
-                                           desc(tS, wgmma_pass::kv_b(ks)), ks > 0);
-    detail::wgmma_commit();
-    detail::wgmma_wait<0>();
-    detail::wgmma_fence_operand(O);
+    rows_times_state(O, st + L::Q, tS);
     mbar_arrive(bars + kSbEmpty + s);
     {
       const float* fq = f32(st + L::FQ);
