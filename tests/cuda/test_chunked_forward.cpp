@@ -639,10 +639,9 @@ TEST(CudaChunkedForward, SingleProductStatePass) {
 
 // The cases of the single-product passes' variants (forced by `o`, labelled `family`): layouts,
 // mild, strong and extreme decay, GQA, T not a multiple of the chunk, h0 and the final state, the
-// saved fp32 chunk states against the CPU path's (and bf16 ones where `bf16_saved`); varlen with
-// empty and 1-token sequences and the fused options; 4096 tokens at beta 1, then g = -30.
-void check_single_pass_variant(const std::string& family, const DecodeOverrides& o,
-                               bool bf16_saved) {
+// saved fp32 and bf16 chunk states against the CPU path's; varlen with empty and 1-token sequences
+// and the fused options; 4096 tokens at beta 1, then g = -30.
+void check_single_pass_variant(const std::string& family, const DecodeOverrides& o) {
   for (Decay decay : {Decay::mild, Decay::strong, Decay::extreme}) {
     Case c = base_case(2, 64 * 3 + 5, 2, 4, 128);
     c.decay = decay;
@@ -650,7 +649,7 @@ void check_single_pass_variant(const std::string& family, const DecodeOverrides&
     c.layout = decay == Decay::strong ? StateLayout::v_first : StateLayout::k_first;
     check_chunked(family, c, decay != Decay::extreme, 0, o);
   }
-  if (bf16_saved) {
+  {
     Case c = base_case(1, 64 * 2 + 40, 1, 2, 128);
     c.h0 = c.final_state = true;
     check_chunked(family + " (bf16 saved)", c, true, 0, o, true);
@@ -680,7 +679,7 @@ TEST(CudaChunkedForward, WarpSpecialisedStatePass) {
   DecodeOverrides ws;
   ws.chunked_state_pass = 6;
   ws.chunked_state_columns = 32;
-  check_single_pass_variant("warp-specialised pass", ws, true);
+  check_single_pass_variant("warp-specialised pass", ws);
 }
 
 // The single-product pass with the rows a head's four 32-column blocks share (W, P, k, q)
@@ -695,7 +694,7 @@ TEST(CudaChunkedForward, MulticastStatePass) {
   DecodeOverrides mc;
   mc.chunked_state_pass = 7;
   mc.chunked_state_columns = 32;
-  check_single_pass_variant("multicast pass", mc, true);
+  check_single_pass_variant("multicast pass", mc);
 }
 
 // The fused pass (fused_pass_kernel.cuh, DecodeOverrides::chunked_state_pass = 5: Vnew = T~ (V -

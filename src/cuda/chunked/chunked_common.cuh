@@ -587,39 +587,50 @@ __device__ __forceinline__ void copy_token_rows(__nv_bfloat16* dst, int ld, cons
 
 // The same copies into warpgroup-product tiles (wgmma_layout.h): a bf16 block [rows][cols] (row
 // stride src_ld elements; copy_tile) or C token rows as copy_token_rows reads them
-// (copy_token_tile; rows >= len are zeros) by Threads threads (C rows: shapes known when
-// compiling), unit u of the tile to byte 16 u so that consecutive
-// threads write consecutive bytes. Completion: cp_async_wait, fence_proxy_async (mma_tf32.cuh:
-// the products read through the async proxy), a barrier.
+// (copy_token_tile; rows >= len are zeros) by Threads threads, t the caller's index among them
+// (threadIdx.x unless a part of the block copies; C rows: shapes known when compiling), unit u of
+// the tile to byte 16 u so that consecutive threads write consecutive bytes. Completion:
+// cp_async_wait (or an mbarrier the copies arrive on), fence_proxy_async (mma_tf32.cuh: the
+// products read through the async proxy), a barrier.
+
+// The unit that thread t copies in round i (unit t + i Threads, tile_unit): with whole bands per
+// round (Threads a multiple of Cols) the same column group, rows 8 i Threads / Cols apart, so that
+// its offsets are loop invariants (as copy_block's).
+template <int Cols, int Threads>
+__device__ __forceinline__ wgmma_layout::Unit tile_copy_unit(unsigned t, int i) {
+  static_assert(Threads % Cols == 0 || Cols % Threads == 0, "whole bands or parts of one");
+  if constexpr (Threads % Cols == 0) {
+    const wgmma_layout::Unit p = wgmma_layout::tile_unit(static_cast<int>(t), Cols);
+    return {p.row + i * (8 * Threads / Cols), p.col};
+  } else {
+    return wgmma_layout::tile_unit(static_cast<int>(t) + i * Threads, Cols);
+  }
+}
 template <int Cols, int Threads = 256>
 __device__ __forceinline__ void copy_tile(unsigned char* tile, const __nv_bfloat16* src,
-                                          std::int64_t src_ld) {
-  // Thread t copies units t + i Threads: the same column group, rows 8 i Threads / Cols apart
-  // (tile_unit), so that its offsets are loop invariants (as copy_block's).
+                                          std::int64_t src_ld, unsigned t = threadIdx.x) {
   constexpr int units = kC * Cols / 8;
-  static_assert(Threads % Cols == 0 && units % Threads == 0, "whole rounds of copies");
-  const unsigned t = threadIdx.x;
-  const wgmma_layout::Unit p = wgmma_layout::tile_unit(static_cast<int>(t), Cols);
+  static_assert(units % Threads == 0, "whole rounds of copies");
 #pragma unroll
   for (int i = 0; i < units / Threads; ++i) {
-    const int row = p.row + i * (8 * Threads / Cols);
-    detail::cp_async16(tile + 16 * (t + i * Threads), src + row * src_ld + p.col);
+    const wgmma_layout::Unit p = tile_copy_unit<Cols, Threads>(t, i);
+    detail::cp_async16(tile + 16 * (t + i * Threads), src + p.row * src_ld + p.col);
   }
 }
 template <int Cols, int Threads = 256>
 __device__ __forceinline__ void copy_token_tile(unsigned char* tile, const void* src,
                                                 std::int64_t sb, std::int64_t st, std::int64_t sh,
-                                                std::int64_t b, std::int64_t t0, int hk, int len) {
+                                                std::int64_t b, std::int64_t t0, int hk, int len,
+                                                unsigned t = threadIdx.x) {
   constexpr int units = kC * Cols / 8;
-  static_assert(Threads % Cols == 0 && units % Threads == 0, "whole rounds of copies");
+  static_assert(units % Threads == 0, "whole rounds of copies");
   const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(src) + b * sb + hk * sh + t0 * st;
-  const unsigned t = threadIdx.x;
-  const wgmma_layout::Unit p = wgmma_layout::tile_unit(static_cast<int>(t), Cols);
 #pragma unroll
   for (int i = 0; i < units / Threads; ++i) {
-    const int row = p.row + i * (8 * Threads / Cols);
-    const bool valid = row < len;
-    cp_async16_zfill(tile + 16 * (t + i * Threads), valid ? base + row * st + p.col : base, valid);
+    const wgmma_layout::Unit p = tile_copy_unit<Cols, Threads>(t, i);
+    const bool valid = p.row < len;
+    cp_async16_zfill(tile + 16 * (t + i * Threads), valid ? base + p.row * st + p.col : base,
+                     valid);
   }
 }
 

@@ -90,33 +90,21 @@ void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, cons
 
 // The single-product bf16 pass with its column-independent rows multicast to the cluster of a
 // head's four 32-column blocks (state_pass_bf16_kernel.cuh, Multicast): grid (N, Hv, 4), clusters
-// (1, 1, 4). False where the launch cannot run (no cluster of that size fits the device with this
-// shared memory), so that the caller takes the unclustered pass.
-bool launch_state_bf16_multicast(const ChunkArgs& a, int device, cudaStream_t stream,
+// (1, 1, 4); the pass without clusters where no cluster of four fits the device with this shared
+// memory.
+void launch_state_bf16_multicast(const ChunkArgs& a, int device, cudaStream_t stream,
                                  const char* op) {
   constexpr int cluster = chunked::kStateBf16Cluster;
   const auto kernel = chunked::state_pass_bf16_kernel<32, true, false, 2, true, true>;
   constexpr std::size_t smem = chunked::state_bf16_smem_bytes<32, true, 2, true>();
   allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv), cluster);
-  config.blockDim = dim3(chunked::kStateBf16Threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = cluster;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 1) {
-    (void)cudaGetLastError();  // the query's error is not the call's
-    return false;
-  }
-  check(cudaLaunchKernelEx(&config, kernel, a), op, "state_pass_bf16_kernel (multicast) launch");
-  return true;
+  if (active_clusters(reinterpret_cast<const void*>(kernel), cluster, chunked::kStateBf16Threads,
+                      smem, device) < 1)
+    return launch_state_bf16<32, true, false, 2, true>(a, device, stream, op);
+  launch_cluster_kernel(kernel,
+                        dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv), cluster),
+                        chunked::kStateBf16Threads, smem, stream, cluster, a);
+  check(cudaGetLastError(), op, "state_pass_bf16_kernel (multicast) launch");
 }
 
 // The warp-specialised single-product pass (state_pass_ws_kernel.cuh): grid (N, Hv, Dv / 32).
@@ -336,12 +324,11 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
     else if (wgmma)
       launch_state_wgmma<false>(a, wgmma_stages, dev, stream, op);
     else if (fuse_out && forced.chunked_state_pass == 7 && bv == 32 &&
-             prob.Dv == 32 * chunked::kStateBf16Cluster &&
-             launch_state_bf16_multicast(a, dev, stream, op)) {
-      // The single-product pass with the shared rows multicast (opt-in until measured; launched
-      // in the condition: where no cluster fits, the next branches take the pass without it).
-    } else if (fuse_out && forced.chunked_state_pass == 6 && bv == 32 &&
-               chunked::StateWsSmem::bytes <= static_cast<std::size_t>(smem_optin))
+             prob.Dv == 32 * chunked::kStateBf16Cluster)
+      // The single-product pass with the shared rows multicast (opt-in until measured).
+      launch_state_bf16_multicast(a, dev, stream, op);
+    else if (fuse_out && forced.chunked_state_pass == 6 && bv == 32 &&
+             chunked::StateWsSmem::bytes <= static_cast<std::size_t>(smem_optin))
       // The warp-specialised single-product pass (opt-in: correct, slower on an H100).
       launch_state_ws(a, dev, stream, op);
     else if (fuse_out && (forced.chunked_state_pass == 0 || forced.chunked_state_pass == 4 ||

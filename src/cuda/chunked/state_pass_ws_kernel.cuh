@@ -43,6 +43,7 @@
 
 #include "cuda/chunked/chunked_common.cuh"
 #include "cuda/chunked/state_pass_wgmma_layout.h"
+#include "cuda/common/tensor_copy.cuh"  // mbar_arrive
 #include "cuda/common/wgmma.cuh"
 
 namespace gdr::cuda::chunked {
@@ -81,37 +82,6 @@ enum Bar : int {
 __device__ __forceinline__ void cp_async_mbar_arrive(std::uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(detail::smem_addr(bar))
                : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(detail::smem_addr(bar)) : "memory");
-}
-// A [C][Cols] tile (wgmma_layout::tile_offset) from rows of stride `ld` elements at src, by the 32
-// lanes of one warp: unit u = lane + 32 i lands at byte 16 u (wgmma_layout::tile_unit).
-template <int Cols>
-__device__ __forceinline__ void warp_copy_tile(unsigned char* tile, const __nv_bfloat16* src,
-                                               std::int64_t ld, int lane) {
-  constexpr int groups = Cols / 8, per_band = 8 * groups, units = kC * groups;
-  static_assert(per_band % 32 == 0, "whole bands per round");
-#pragma unroll
-  for (int i = 0; i < units / 32; ++i) {
-    const int u = lane + 32 * i;  // band i / (per_band / 32), rest = u % per_band
-    const int band = i / (per_band / 32), rest = lane + 32 * (i % (per_band / 32));
-    const int row = 8 * band + rest % 8, col = 8 * (rest / 8);
-    detail::cp_async16(tile + 16 * u, src + row * ld + col);
-  }
-}
-// The same for C token rows of a 16-bit input (row stride st elements), rows >= len zeros.
-__device__ __forceinline__ void warp_copy_token_tile(unsigned char* tile, const __nv_bfloat16* src,
-                                                     std::int64_t st, int len, int lane) {
-  constexpr int Cols = wgmma_pass::kDk, groups = Cols / 8, per_band = 8 * groups;
-#pragma unroll
-  for (int i = 0; i < kC * groups / 32; ++i) {
-    const int u = lane + 32 * i;
-    const int band = i / (per_band / 32), rest = lane + 32 * (i % (per_band / 32));
-    const int row = 8 * band + rest % 8, col = 8 * (rest / 8);
-    const bool valid = row < len;
-    cp_async16_zfill(tile + 16 * u, valid ? src + row * st + col : src, valid);
-  }
 }
 // The state warpgroup's fragments S[r][j][e] (state row 64 r + 16 wl + lg + 8 (e >> 1), column
 // 8 j + 2 lc + (e & 1)) into a chunk-state record row-major [Dk][ld] at rec (fp32 or bf16).
@@ -174,16 +144,10 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
       unsigned char* st = smem + s * L::stage;
       const std::int64_t it = item(c), t0 = seq.bos + c * kC;
       const int len = chunk_rows(seq, c);
-      warp_copy_tile<Dk>(st + L::W, static_cast<const __nv_bfloat16*>(a.W) + it * kC * Dk, Dk,
-                         lane);
-      warp_copy_tile<kC>(st + L::P, static_cast<const __nv_bfloat16*>(a.P) + it * kC * kC, kC,
-                         lane);
-      const __nv_bfloat16* k0 =
-          static_cast<const __nv_bfloat16*>(a.k) + seq.b * a.k_sb + hk * a.k_sh + t0 * a.k_st;
-      const __nv_bfloat16* q0 =
-          static_cast<const __nv_bfloat16*>(a.q) + seq.b * a.q_sb + hk * a.q_sh + t0 * a.q_st;
-      warp_copy_token_tile(st + L::K, k0, a.k_st, len, lane);
-      warp_copy_token_tile(st + L::Q, q0, a.q_st, len, lane);
+      copy_tile<Dk, 32>(st + L::W, static_cast<const __nv_bfloat16*>(a.W) + it * kC * Dk, Dk, lane);
+      copy_tile<kC, 32>(st + L::P, static_cast<const __nv_bfloat16*>(a.P) + it * kC * kC, kC, lane);
+      copy_token_tile<Dk, 32>(st + L::K, a.k, a.k_sb, a.k_st, a.k_sh, seq.b, t0, hk, len, lane);
+      copy_token_tile<Dk, 32>(st + L::Q, a.q, a.q_sb, a.q_st, a.q_sh, seq.b, t0, hk, len, lane);
       // U rows (32 columns: 4 units a row), row-major with stride ldU.
       const __nv_bfloat16* u0 = static_cast<const __nv_bfloat16*>(a.U) + it * kC * Dv + col0;
       __nv_bfloat16* su = reinterpret_cast<__nv_bfloat16*>(st + L::U);
@@ -249,7 +213,7 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
           store_state_record(a.states16 + rec, Dv, wl, S);
       }
       detail::fence_proxy_async();
-      mbar_arrive(bars + kSbFull + s);
+      detail::mbar_arrive(bars + kSbFull + s);
       detail::named_barrier_sync(1, 128);            // S_b whole for this warpgroup's W S_b
       detail::mbar_wait(bars + kStageFull + s, ph);  // chunk c's rows landed
       detail::fence_proxy_async();  // the producer's cp.async writes, before the async proxy
@@ -275,7 +239,7 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
           }
       }
       detail::fence_proxy_async();
-      mbar_arrive(bars + kVnFull + s);
+      detail::mbar_arrive(bars + kVnFull + s);
       detail::named_barrier_sync(1, 128);  // vk whole for the update
                                            // S <- gn S + k^T vk on both row halves.
 #pragma unroll
@@ -297,7 +261,7 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
       detail::wgmma_wait<0>();
       detail::wgmma_fence_operand(S[0]);
       detail::wgmma_fence_operand(S[1]);
-      mbar_arrive(bars + kStageEmpty + s);  // this part is done with W, k, U, fk of chunk c
+      detail::mbar_arrive(bars + kStageEmpty + s);  // this part is done with W, k, U, fk of chunk c
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -318,7 +282,7 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
     detail::fence_proxy_async();
     float O[4][4];
     rows_times_state(O, st + L::Q, tS);
-    mbar_arrive(bars + kSbEmpty + s);
+    detail::mbar_arrive(bars + kSbEmpty + s);
     {
       const float* fq = f32(st + L::FQ);
 #pragma unroll
@@ -336,8 +300,8 @@ __global__ void __launch_bounds__(kStateWsThreads, 1) state_pass_ws_kernel(Chunk
     detail::wgmma_commit();
     detail::wgmma_wait<0>();
     detail::wgmma_fence_operand(O);
-    mbar_arrive(bars + kVnEmpty + s);
-    mbar_arrive(bars + kStageEmpty + s);  // this part is done with q, P, fq of chunk c
+    detail::mbar_arrive(bars + kVnEmpty + s);
+    detail::mbar_arrive(bars + kStageEmpty + s);  // this part is done with q, P, fq of chunk c
     const int len = chunk_rows(seq, c);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
