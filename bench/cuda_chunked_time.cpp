@@ -273,8 +273,7 @@ int main(int argc, char** argv) {
       "output is inside it, 5 the fused pass (Vnew from the v rows on chip, 128 "
       "columns per block) on the row-factor path at Dk = Dv = 128, 6 the single-product one "
       "as a state warpgroup, an output warpgroup and a producer warp (32 columns, "
-      "else 4; slower), 7 the single-product one with the rows a head's blocks share "
-      "multicast to their cluster (Dv = 128, else 4) (0 the rule)");
+      "else 4; slower) (0 the rule)");
   app.add_option("--tinv", overrides.chunked_tinv,
                  "prep kernels' Tinv: 1 by lanes, 2 by columns (0 the rule)")
       ->check(CLI::Range(0, 2));

@@ -87,10 +87,7 @@ struct DecodeOverrides {
                                     //   6 = 4 as three specialised parts (state and output
                                     //   warpgroups, a producer warp) at 32 columns
                                     //   (state_pass_ws_kernel.cuh; opt-in: correct and
-                                    //   slower on an H100, a5e57c5); 7 = 4 with the rows
-                                    //   shared by a head's 32-column blocks (W, P, k, q)
-                                    //   multicast to their cluster at Dv = 128 (opt-in until
-                                    //   measured; else 4)
+                                    //   slower on an H100, a5e57c5)
   int chunked_backward_fused = 0;   // the chunked backward's kernels: 1 = the general ones
                                     //   (fp32 scratch, tf32 products), 2 = where it applies
                                     //   (the rule: scalar gate, bf16, no mask, Dk = Dv = 128,

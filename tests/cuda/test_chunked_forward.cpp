@@ -682,21 +682,6 @@ TEST(CudaChunkedForward, WarpSpecialisedStatePass) {
   check_single_pass_variant("warp-specialised pass", ws);
 }
 
-// The single-product pass with the rows a head's four 32-column blocks share (W, P, k, q)
-// multicast to their cluster (state_pass_bf16_kernel.cuh Multicast, DecodeOverrides::
-// chunked_state_pass = 7) against the float64 reference at the tensor-core bar: layouts, decay
-// regimes, GQA, T not a multiple of the chunk (zeroed k, q rows past the end), h0 and the final
-// state, the saved chunk states (fp32, bf16) against the CPU path's, varlen with empty and 1-token
-// sequences and the fused options, 4096 tokens at beta 1 (both stages reused 32 times each), g =
-// -30.
-TEST(CudaChunkedForward, MulticastStatePass) {
-  REQUIRE_GPU();
-  DecodeOverrides mc;
-  mc.chunked_state_pass = 7;
-  mc.chunked_state_columns = 32;
-  check_single_pass_variant("multicast pass", mc);
-}
-
 // The fused pass (fused_pass_kernel.cuh, DecodeOverrides::chunked_state_pass = 5: Vnew = T~ (V -
 // diag(ek) K S) on chip from prep's fused mode, warpgroup products; 128, 64 or 32 value columns
 // per block by chunked_state_columns) against the float64 reference at the tensor-core bar: both

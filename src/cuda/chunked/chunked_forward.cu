@@ -88,25 +88,6 @@ void launch_state_bf16(const ChunkArgs& a, int device, cudaStream_t stream, cons
   check(cudaGetLastError(), op, "state_pass_bf16_kernel launch");
 }
 
-// The single-product bf16 pass with its column-independent rows multicast to the cluster of a
-// head's four 32-column blocks (state_pass_bf16_kernel.cuh, Multicast): grid (N, Hv, 4), clusters
-// (1, 1, 4); the pass without clusters where no cluster of four fits the device with this shared
-// memory.
-void launch_state_bf16_multicast(const ChunkArgs& a, int device, cudaStream_t stream,
-                                 const char* op) {
-  constexpr int cluster = chunked::kStateBf16Cluster;
-  const auto kernel = chunked::state_pass_bf16_kernel<32, true, false, 2, true, true>;
-  constexpr std::size_t smem = chunked::state_bf16_smem_bytes<32, true, 2, true>();
-  allow_shared(reinterpret_cast<const void*>(kernel), smem, device, op, true);
-  if (active_clusters(reinterpret_cast<const void*>(kernel), cluster, chunked::kStateBf16Threads,
-                      smem, device) < 1)
-    return launch_state_bf16<32, true, false, 2, true>(a, device, stream, op);
-  launch_cluster_kernel(kernel,
-                        dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.Hv), cluster),
-                        chunked::kStateBf16Threads, smem, stream, cluster, a);
-  check(cudaGetLastError(), op, "state_pass_bf16_kernel (multicast) launch");
-}
-
 // The warp-specialised single-product pass (state_pass_ws_kernel.cuh): grid (N, Hv, Dv / 32).
 void launch_state_ws(const ChunkArgs& a, int device, cudaStream_t stream, const char* op) {
   const auto kernel = chunked::state_pass_ws_kernel;
@@ -323,16 +304,12 @@ void run_kernels(ChunkArgs a, const Problem& prob, const DecodeOverrides& forced
       launch_state_wgmma<false, true>(a, wgmma_stages, dev, stream, op);
     else if (wgmma)
       launch_state_wgmma<false>(a, wgmma_stages, dev, stream, op);
-    else if (fuse_out && forced.chunked_state_pass == 7 && bv == 32 &&
-             prob.Dv == 32 * chunked::kStateBf16Cluster)
-      // The single-product pass with the shared rows multicast (opt-in until measured).
-      launch_state_bf16_multicast(a, dev, stream, op);
     else if (fuse_out && forced.chunked_state_pass == 6 && bv == 32 &&
              chunked::StateWsSmem::bytes <= static_cast<std::size_t>(smem_optin))
       // The warp-specialised single-product pass (opt-in: correct, slower on an H100).
       launch_state_ws(a, dev, stream, op);
     else if (fuse_out && (forced.chunked_state_pass == 0 || forced.chunked_state_pass == 4 ||
-                          forced.chunked_state_pass == 6 || forced.chunked_state_pass == 7))
+                          forced.chunked_state_pass == 6))
       // Single products (state_pass_bf16_kernel.cuh), the rule since it ran (H100, 921d278):
       // 1 x 16384 1.54 ms against 1.84 with the double products (chunked_state_pass = 2), 1 x
       // 65536 6.07 against 6.95, 1 x 32768 Hk 32 3.30 against 3.55, 1 x 4096 0.50 against 0.52.

@@ -40,26 +40,12 @@
 // half the pass's mma and ldmatrix. Float64 model (bench/cuda_chunked_error_model.py --single):
 // D = 128, g = -0.2 U(0,1): o 3.1e-3, final state 2.4e-3 (hi + lo: 3.1e-3 / 1.7e-3); beta = 1,
 // g = -0.01 U(0,1): 4.0e-3 / 3.2e-3 (bar 5e-3).
-//
-// Multicast (DecodeOverrides::chunked_state_pass = 7 with single products, Dv = 128; opt-in,
-// unmeasured): the four blocks of a head's value columns run as one cluster (1, 1, 4) and read the
-// column-independent rows (W, P, and the k, q rows: 56 KB per chunk) from the L2 once per cluster
-// instead of once per block: each block issues a quarter of the rows as bulk copies multicast to
-// all four (same padded rows, same offsets), announced on each block's stage mbarrier (its thread 0
-// expects the whole stage's bytes); U (its own columns), fk and fq stay cp.async. A stage is
-// refilled only once every block of the cluster is past its reads (the cluster barrier, arrived at
-// the end of a chunk, waited for before the next issue). k and q rows past the sequence's end are
-// zeroed by each block in its own stage. Same arithmetic as Single: bit-identical results. Why:
-// Nsight Compute (H100, a5e57c5) has this pass at 66 % of the L2's throughput, moving ~2 GB per
-// 1 x 16384 call for ~0.5 GB of distinct rows (docs/cuda-chunked.md §The state passes are
-// L2-bound).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "cuda/chunked/chunked_common.cuh"
-#include "cuda/common/cluster.cuh"
 
 namespace gdr::cuda::chunked {
 
@@ -67,29 +53,22 @@ inline constexpr int kStateBf16Threads = 256;
 inline constexpr int kStateBf16Dk = 128;
 
 // NS: stages of the copies (W, U, k rows, fk of chunk c + NS - 1 issued while chunk c computes).
-// Multicast: NS mbarriers (8 bytes each) after the regions (each a multiple of 16 bytes).
-template <int BV, bool FuseOut = false, int NS = 2, bool Multicast = false>
+template <int BV, bool FuseOut = false, int NS = 2>
 constexpr std::size_t state_bf16_smem_bytes() {
   constexpr std::size_t ldW = kStateBf16Dk + 8, ldB = BV + 8, ldP = kC + 8;
   constexpr std::size_t base =
       2 * (NS * 2 * kC * ldW + NS * kC * ldB + 2 * kStateBf16Dk * ldB + 2 * kC * ldB) + 4 * NS * kC;
-  constexpr std::size_t regions =
-      FuseOut ? base + 2 * (NS * kC * ldW + NS * kC * ldP + kC * ldB) + 4 * NS * kC : base;
-  return regions + (Multicast ? 8 * NS : 0);
+  return FuseOut ? base + 2 * (NS * kC * ldW + NS * kC * ldP + kC * ldB) + 4 * NS * kC : base;
 }
-// The cluster of the multicast pass: the four 32-column blocks of a head (Dv = 128).
-inline constexpr int kStateBf16Cluster = 4;
 
 // Not capped below the registers ptxas picks (195 at BV = 32): capped at 168 so that an
 // output-kernel block fits beside it (the overlap), the forward got slower, 1 x 16384 2.21 ->
 // 2.59 ms, 8 x 4096 4.35 -> 4.87, 1 x 65536 9.40 -> 10.55 (H100, 2026-12-06, one machine): the
 // co-resident output blocks slow the pass, which is the critical path at B = 1.
-template <int BV, bool FuseOut, bool Stored = false, int NS = 2, bool Single = false,
-          bool Multicast = false>
+template <int BV, bool FuseOut, bool Stored = false, int NS = 2, bool Single = false>
 __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(ChunkArgs a) {
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block");
   static_assert(!Single || (FuseOut && !Stored), "single products: the fused row-factor pass");
-  static_assert(!Multicast || (Single && NS == 2 && BV == 32), "multicast: the single pass");
   static_assert(NS >= 2 && NS <= 4, "2 to 4 stages of copies");
   static_assert(!(FuseOut && Stored), "the stored path's output is chunk_output_kernel's");
   constexpr int Dk = kStateBf16Dk, NT = BV / 8, ldW = Dk + 8, ldB = BV + 8, ldP = kC + 8;
@@ -106,8 +85,6 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   __nv_bfloat16* sVn = sP + (FuseOut ? NS * kC * ldP : 0);  // FuseOut: [C][ldB] Vnew (bf16)
   float* sfk = reinterpret_cast<float*>(sVn + (FuseOut ? kC * ldB : 0));  // [NS][C]
   float* sfq = sfk + NS * kC;                                             // FuseOut: [NS][C]
-  // Multicast: the stages' mbarriers (the multicast rows of stage b complete on full[b]).
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(sfq + (FuseOut ? NS * kC : 0));
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int lg = lane >> 2, lc = lane & 3;
@@ -144,52 +121,6 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
       copy_block<1, kC, NTh>(sfq + b * kC, kC, a.fq + item(c) * kC, kC);
     }
   };
-  // Multicast: chunk c's U columns, fk and fq by cp.async (this block's), its W, P, k and q rows by
-  // multicast bulk copies: of the 4 x C row jobs (W, P, k, q) this block takes those with job %
-  // 4 = its rank, lane 0 of warp w every eighth of them; k and q rows past the sequence's end are
-  // not copied but zeroed here, in this block's stage, by its threads.
-  auto issue_multicast = [&](std::int64_t c) {
-    constexpr int cluster = kStateBf16Cluster;
-    const int b = static_cast<int>(c % NS);
-    const std::int64_t it = item(c), t0 = seq.bos + c * kC;
-    const int len = chunk_rows(seq, c);
-    copy_block<kC, BV, NTh>(sU + b * kC * ldB, ldB, gU + it * kC * Dv + col0, Dv);
-    copy_block<1, kC, NTh>(sfk + b * kC, kC, a.fk + it * kC, kC);
-    copy_block<1, kC, NTh>(sfq + b * kC, kC, a.fq + it * kC, kC);
-    for (int e = tid; e < (kC - len) * 2 * (Dk / 8); e += kStateBf16Threads) {
-      const int r = len + e / (2 * (Dk / 8)), rest = e % (2 * (Dk / 8));
-      __nv_bfloat16* row = (rest < Dk / 8 ? sK : sQ) + (b * kC + r) * ldW;
-      reinterpret_cast<uint4*>(row)[rest % (Dk / 8)] = make_uint4(0, 0, 0, 0);
-    }
-    if (tid == 0)
-      detail::mbar_arrive_expect_tx(
-          full + b, static_cast<unsigned>(2 * kC * Dk + 2 * kC * kC + 4 * len * Dk));
-    if (lane == 0) {
-      const unsigned rank = detail::cluster_ctarank();
-      const __nv_bfloat16* k0 =
-          static_cast<const __nv_bfloat16*>(a.k) + seq.b * a.k_sb + hk * a.k_sh + t0 * a.k_st;
-      const __nv_bfloat16* q0 =
-          static_cast<const __nv_bfloat16*>(a.q) + seq.b * a.q_sb + hk * a.q_sh + t0 * a.q_st;
-      for (int m = warp; m < 4 * kC / cluster; m += kStateBf16Threads / 32) {
-        const int job = static_cast<int>(rank) + cluster * m, tile = job / kC, r = job % kC;
-        void* dst;
-        const void* src;
-        unsigned bytes = 2 * Dk;
-        if (tile == 0) {
-          dst = sW + (b * kC + r) * ldW, src = gW + (it * kC + r) * Dk;
-        } else if (tile == 1) {
-          dst = sP + (b * kC + r) * ldP;
-          src = static_cast<const __nv_bfloat16*>(a.P) + (it * kC + r) * kC;
-          bytes = 2 * kC;
-        } else {
-          if (r >= len) continue;
-          dst = (tile == 2 ? sK : sQ) + (b * kC + r) * ldW;
-          src = tile == 2 ? k0 + r * a.k_st : q0 + r * a.q_st;
-        }
-        detail::bulk_copy_multicast(dst, src, bytes, full + b, (1u << cluster) - 1u);
-      }
-    }
-  };
   // FuseOut: q S with S's lo part too where the chunk states are the fp32 record (training), as
   // the output kernel's fp32-state path; S's hi part alone otherwise (its bf16-state path).
   const bool out_lo = FuseOut && !Single && a.saved != nullptr;
@@ -207,23 +138,11 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
   // Chunks 0 .. NS - 2 in flight before the loop, one commit group each; the decays of the chunks
   // issued and not yet computed in gn_ring (oldest first).
   float gn_ring[NS - 1][2];
-  if constexpr (Multicast) {  // every block's barriers ready before any multicast reaches them
-    if (tid == 0) {
-#pragma unroll
-      for (int m = 0; m < NS; ++m) detail::mbar_init(full + m, 1);
-      detail::mbar_init_fence();
-    }
-    detail::cluster_arrive();
-    detail::cluster_wait();
-  }
 #pragma unroll
   for (int m = 0; m < NS - 1; ++m) {
     gn_ring[m][0] = gn_ring[m][1] = 0.f;
     if (m < chunks) {
-      if constexpr (Multicast)
-        issue_multicast(m);
-      else
-        issue(m);
+      issue(m);
       gn_ring[m][0] = decay(m, 0), gn_ring[m][1] = decay(m, 1);
     }
     detail::cp_async_commit();
@@ -252,20 +171,13 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
           store_pair_any(rec, S[nt][2 * hf], S[nt][2 * hf + 1], pair_aligned(rec));
         }
       }
-    if constexpr (Multicast)  // chunk c's multicast rows (the cluster's copies)
-      detail::mbar_wait(full + b, static_cast<unsigned>((c / NS) & 1));
     cp_async_wait<NS - 2>();  // chunk c's W, U, k rows, fk (this thread's copies)
     __syncthreads();
     // Chunk c - 1's Vnew and state row were written by every thread before the barrier.
     if (progress && c > 0 && tid == 0) store_release(progress, static_cast<int>(c));
     // The buffer of chunk c - 1 is free (every thread is past its update): chunk c + NS - 1.
-    // Multicast: every block of the cluster is past chunk c - 1 (the stage refilled below).
-    if (Multicast && c >= 1) detail::cluster_wait();
     if (c + NS - 1 < chunks) {
-      if constexpr (Multicast)
-        issue_multicast(c + NS - 1);
-      else
-        issue(c + NS - 1);
+      issue(c + NS - 1);
       gn_ring[NS - 2][0] = decay(c + NS - 1, 0), gn_ring[NS - 2][1] = decay(c + NS - 1, 1);
     }
     detail::cp_async_commit();
@@ -383,9 +295,7 @@ __global__ void __launch_bounds__(kStateBf16Threads, 1) state_pass_bf16_kernel(C
                              sfq + b * kC, qs, pv);
       }
     }
-    if constexpr (Multicast) detail::cluster_arrive();  // this thread is done with chunk c's stage
   }
-  if (Multicast && chunks > 0) detail::cluster_wait();  // pairs the last arrival
   cp_async_wait<0>();
   __syncthreads();
   if (progress && tid == 0 && chunks > 0) store_release(progress, static_cast<int>(chunks));

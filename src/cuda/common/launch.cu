@@ -76,47 +76,6 @@ int blocks_per_sm(const void* kernel, int threads, std::size_t smem, int device,
   return per_sm;
 }
 
-cudaLaunchConfig_t cluster_launch_config(dim3 grid, unsigned threads, std::size_t smem,
-                                         cudaStream_t stream, unsigned cluster,
-                                         cudaLaunchAttribute& attribute) {
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = 1;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = cluster;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
-}
-
-int active_clusters(const void* kernel, unsigned cluster, int threads, std::size_t smem,
-                    int device) {
-  using Key = std::tuple<const void*, unsigned, int, std::size_t, int>;
-  static std::mutex mutex;
-  static std::map<Key, int> cache;
-  const Key key{kernel, cluster, threads, smem, device};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  cudaLaunchAttribute attribute{};
-  const cudaLaunchConfig_t config = cluster_launch_config(
-      dim3(1, 1, cluster), static_cast<unsigned>(threads), smem, nullptr, cluster, attribute);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-    (void)cudaGetLastError();  // the query's error is not the caller's
-    clusters = 0;
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  cache.emplace(key, clusters);
-  return clusters;
-}
-
 void allow_shared(const void* kernel, std::size_t smem, int device, const char* op,
                   bool prefer_shared) {
   static std::mutex mutex;

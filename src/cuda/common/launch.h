@@ -37,12 +37,6 @@ int smem_optin(int device, const char* op);
 // dynamic shared memory; asked once per (kernel, device, block shape).
 int blocks_per_sm(const void* kernel, int threads, std::size_t smem, int device, const char* op);
 
-// Clusters of `cluster` blocks (a cluster along the grid's z) of `kernel` resident at once on
-// `device` for `threads` per block and `smem` bytes of dynamic shared memory (allow_shared first),
-// 0 where none fits or the query fails; asked once per (kernel, cluster, block shape, device).
-int active_clusters(const void* kernel, unsigned cluster, int threads, std::size_t smem,
-                    int device);
-
 // Allows `kernel` `smem` bytes of dynamic shared memory (above the default 48 KB) on `device`,
 // once per (kernel, device). prefer_shared: also asks for the largest shared-memory carveout of
 // the unified L1 / shared storage, so that as many blocks of a shared-memory-bound kernel are
@@ -66,23 +60,6 @@ void launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned threads, s
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = pdl ? 1 : 0;
-  (void)cudaLaunchKernelEx(&config, kernel, args...);  // errors: cudaGetLastError after the launch
-}
-
-// The launch of `grid` blocks of `threads` in clusters of `cluster` blocks along z; `attribute`
-// receives the cluster dimension the config points to (it must outlive the config).
-cudaLaunchConfig_t cluster_launch_config(dim3 grid, unsigned threads, std::size_t smem,
-                                         cudaStream_t stream, unsigned cluster,
-                                         cudaLaunchAttribute& attribute);
-
-// Launches kernel(args...) on `grid` blocks in clusters of `cluster` along z (active_clusters says
-// whether one fits).
-template <typename... Params, typename... Args>
-void launch_cluster_kernel(void (*kernel)(Params...), dim3 grid, unsigned threads, std::size_t smem,
-                           cudaStream_t stream, unsigned cluster, const Args&... args) {
-  cudaLaunchAttribute attribute{};
-  const cudaLaunchConfig_t config =
-      cluster_launch_config(grid, threads, smem, stream, cluster, attribute);
   (void)cudaLaunchKernelEx(&config, kernel, args...);  // errors: cudaGetLastError after the launch
 }
 
