@@ -18,7 +18,8 @@
 // stored Kd rows included) or that one on warpgroup products (32 value columns) or 4 the bf16
 // one with single products (S and Vnew rounded to bf16 as operands) where the output is inside it
 // or 5 the fused pass (fused_pass_kernel.cuh) on the row-factor path at Dk = Dv = 128,
-// --tinv 1|2 the prep kernels' Tinv by lanes or by columns (DecodeOverrides::chunked_tinv),
+// --tinv 1|2|3 the prep kernels' Tinv by lanes, by columns or on the tensor cores
+//   (DecodeOverrides::chunked_tinv),
 // --prep-cycles one more call timing the bf16 prep kernel's phases
 // (DecodeOverrides::prep_phase_cycles). --backward also times gdr::backward given the forward's
 // saved chunk states (every gradient, from a random dO and dfinal_state) with the default pool's
@@ -275,8 +276,9 @@ int main(int argc, char** argv) {
       "as a state warpgroup, an output warpgroup and a producer warp (32 columns, "
       "else 4; slower) (0 the rule)");
   app.add_option("--tinv", overrides.chunked_tinv,
-                 "prep kernels' Tinv: 1 by lanes, 2 by columns (0 the rule)")
-      ->check(CLI::Range(0, 2));
+                 "prep kernels' Tinv: 1 by lanes, 2 by columns, 3 the off-diagonal blocks on the "
+                 "tensor cores (0 the rule)")
+      ->check(CLI::Range(0, 3));
   bool backward = false;
   app.add_flag("--backward", backward,
                "also time gdr::backward given the forward's saved chunk states (bwd_ms, and the "

@@ -102,7 +102,8 @@ struct DecodeOverrides {
                                     //   warpgroup products (opt-in: correct and slower, H100)
   int chunked_tinv = 0;             // the chunked prep kernels' Tinv (forward and the backward's
                                     //   recompute): 1 = by lanes, 2 = by columns (a thread per
-                                    //   column, registers; the rule: 5-8 % faster forward, H100)
+                                    //   column, registers; the rule: 5-8 % faster forward, H100),
+                                    //   3 = the off-diagonal blocks on the tensor cores (3xTF32)
   int chunked_backward_prefetch = 0;  // the fused backward chunk kernel: 1 = no L2 prefetch,
                                       //   2 = each block prefetches its next phases' operands
                                       //   into L2 (bulk prefetch; the rule: 1, 2 measured

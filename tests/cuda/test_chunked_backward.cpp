@@ -420,37 +420,38 @@ TEST(CudaChunkedBackward, WgmmaReversePass) {
   }
 }
 
-// Tinv by lanes (tinv.cuh, DecodeOverrides::chunked_tinv = 1; by columns is the rule, which the
-// other tests run) in the backward's recompute (the bf16 prep's backward mode and the general
-// prep) and in the forward that saves the states: every gradient against the float64 reference,
-// both gates, fp32 and bf16, g = -30.
-TEST(CudaChunkedBackward, TinvByLanes) {
+// Tinv by lanes and on the tensor cores (tinv.cuh, DecodeOverrides::chunked_tinv = 1, 3; by columns
+// is the rule, which the other tests run) in the backward's recompute (the bf16 prep's backward
+// mode and the general prep) and in the forward that saves the states: every gradient against the
+// float64 reference, both gates, fp32 and bf16, g = -30.
+TEST(CudaChunkedBackward, TinvSchedules) {
   REQUIRE_GPU();
-  DecodeOverrides forced;
-  forced.chunked_tinv = 1;
-  for (GateKind gate : {GateKind::scalar, GateKind::per_key})
-    for (DType dtype : {DType::bf16, DType::f32})
-      for (bool g30 : {false, true}) {
-        Case c = base_case(1, 64 * 2 + 9, 2, 4, 128, dtype);
-        c.gate = gate;
-        c.decay = Decay::strong;
-        c.h0 = c.final_state = true;
-        TestData d = make_problem(c);
-        if (g30) d.g.fill(-30.0);
-        const BackwardResult ref = reference_backward(d);
-        const double tol = backward_tolerance(d.c);
-        const std::string label =
-            std::string("tinv by lanes") + (g30 ? " g=-30" : "") + ": " + describe(d.c, d.seed);
-        const BackwardResult got = run_backward_cuda(d, nullptr, {}, Path::automatic, &forced);
-        note("tinv by lanes", got, ref);
-        expect_backward_close(got, ref, tol, label + " (recomputed)");
-        DeviceMirror m;
-        const TensorView saved = forward_saved(d, m, &forced);
-        const BackwardResult got_saved =
-            run_backward_cuda(d, nullptr, saved, Path::automatic, &forced);
-        note("tinv by lanes (saved)", got_saved, ref);
-        expect_backward_close(got_saved, ref, tol, label + " (saved)");
-      }
+  for (int tinv : {1, 3})
+    for (GateKind gate : {GateKind::scalar, GateKind::per_key})
+      for (DType dtype : {DType::bf16, DType::f32})
+        for (bool g30 : {false, true}) {
+          DecodeOverrides forced;
+          forced.chunked_tinv = tinv;
+          const std::string name = tinv == 1 ? "tinv by lanes" : "tinv on tensor cores";
+          Case c = base_case(1, 64 * 2 + 9, 2, 4, 128, dtype);
+          c.gate = gate;
+          c.decay = Decay::strong;
+          c.h0 = c.final_state = true;
+          TestData d = make_problem(c);
+          if (g30) d.g.fill(-30.0);
+          const BackwardResult ref = reference_backward(d);
+          const double tol = backward_tolerance(d.c);
+          const std::string label = name + (g30 ? " g=-30" : "") + ": " + describe(d.c, d.seed);
+          const BackwardResult got = run_backward_cuda(d, nullptr, {}, Path::automatic, &forced);
+          note(name, got, ref);
+          expect_backward_close(got, ref, tol, label + " (recomputed)");
+          DeviceMirror m;
+          const TensorView saved = forward_saved(d, m, &forced);
+          const BackwardResult got_saved =
+              run_backward_cuda(d, nullptr, saved, Path::automatic, &forced);
+          note(name + " (saved)", got_saved, ref);
+          expect_backward_close(got_saved, ref, tol, label + " (saved)");
+        }
 }
 
 // Two runs of the same call give bit-identical gradients (no float atomics; fixed-order sums).

@@ -333,11 +333,15 @@ TEST(CudaChunkedForward, PrepKernels) {
   }
 }
 
-// Tinv's two schedules (tinv.cuh: by columns, the rule, which every other test runs, and by lanes,
-// DecodeOverrides::chunked_tinv = 1) against the float64 reference in every prep kernel that
-// inverts: the bf16 prep (row factors), the general prep with bf16 scratch (per-key gate, a mask)
-// and with fp32 scratch (fp32 inputs, 3xTF32), at mild, extreme and g = -30 decay, beta 1 (the
-// largest A), head dims 64 and 128, varlen with empty and 1-token sequences.
+std::string tinv_label(int tinv) {
+  return tinv == 1 ? "tinv by lanes" : tinv == 2 ? "tinv by columns" : "tinv on tensor cores";
+}
+
+// Tinv's three schedules (tinv.cuh: by columns, the rule, which every other test runs, by lanes and
+// on the tensor cores, DecodeOverrides::chunked_tinv = 1, 3) against the float64 reference in every
+// prep kernel that inverts: the bf16 prep (row factors), the general prep with bf16 scratch
+// (per-key gate, a mask) and with fp32 scratch (fp32 inputs, 3xTF32), at mild, extreme and g = -30
+// decay, beta 1 (the largest A), head dims 64 and 128, varlen with empty and 1-token sequences.
 TEST(CudaChunkedForward, TinvSchedules) {
   REQUIRE_GPU();
   for (int variant = 0; variant < 4; ++variant)
@@ -350,10 +354,10 @@ TEST(CudaChunkedForward, TinvSchedules) {
       c.decay = decay;
       c.h0 = c.final_state = true;
       if (varlen) c.seqlens = {0, 1, 130, 64, 65};
-      for (int tinv : {1, 2}) {
+      for (int tinv : {1, 2, 3}) {
         DecodeOverrides o;
         o.chunked_tinv = tinv;
-        check_chunked(tinv == 1 ? "tinv by lanes" : "tinv by columns", c, variant != 1, -1, o);
+        check_chunked(tinv_label(tinv), c, variant != 1, -1, o);
       }
     }
   for (GateKind gate : {GateKind::scalar, GateKind::per_key}) {
@@ -361,10 +365,10 @@ TEST(CudaChunkedForward, TinvSchedules) {
     c.gate = gate;
     TestData d = make_problem(c);
     d.beta.fill(1.0);
-    for (int tinv : {1, 2}) {
+    for (int tinv : {1, 2, 3}) {
       DecodeOverrides o;
       o.chunked_tinv = tinv;
-      const std::string label = tinv == 1 ? "tinv by lanes" : "tinv by columns";
+      const std::string label = tinv_label(tinv);
       check_chunked(label + ", beta 1", d, false, -1, o);
       TestData d30 = d;
       d30.g.fill(-30.0);

@@ -144,9 +144,9 @@ struct ChunkArgs {
   __nv_bfloat16* Qs16;
   __nv_bfloat16* W16;
   int Hk;
-  // Tinv's schedule in the prep kernels (tinv.cuh): true by columns (the rule), false by lanes
-  // (DecodeOverrides::chunked_tinv = 1).
-  bool tinv_by_columns;
+  // Tinv's schedule in the prep kernels (tinv.cuh kTinvBy..: 1 by lanes, 2 by columns, the rule, 3
+  // on the tensor cores; DecodeOverrides::chunked_tinv).
+  int tinv_schedule;
   // The bf16 prep kernel's warpgroup-product form (prep_bf16_kernel.cuh Wg; DecodeOverrides::
   // chunked_prep = 3, Dk = Dv = 128).
   bool prep_wgmma;

@@ -87,10 +87,10 @@ inline ChunkArgs chunk_inputs(const Problem& prob, const Inputs& in, const Optio
 // bench/results/2026-12-07-chunk-knobs-h100-a560176.json: the forward 5-8 % faster on every
 // benchmark row, the bf16 prep's Tinv phase 20.0 k -> 9.3 k cycles per block).
 inline void take_prep_overrides(ChunkArgs& a, const DecodeOverrides* forced) {
-  a.tinv_by_columns = true;
+  a.tinv_schedule = kTinvByColumns;
   if (!forced) return;
   a.phase_cycles = forced->prep_phase_cycles;
-  a.tinv_by_columns = forced->chunked_tinv != 1;
+  if (forced->chunked_tinv != 0) a.tinv_schedule = forced->chunked_tinv;
   a.prep_wgmma = forced->chunked_prep == 3 && a.Dk == 128 && a.Dv == 128;
 }
 

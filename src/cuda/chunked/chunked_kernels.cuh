@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(ChunkArgs a) {
   __syncthreads();
   // Tinv = (I + A)^{-1} into sQ's space ([C][68]; tinv.cuh).
   float* sT = sQ;
-  unit_lower_inverse(sA, sT, a.tinv_by_columns);
+  unit_lower_inverse(sA, sT, a.tinv_schedule);
   if (a.Tinv_out)
     for (int e = tid; e < kC * kC; e += kThreads)
       a.Tinv_out[pidx * kC * kC + e] = sT[(e / kC) * ldA + (e % kC)];

@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(kPrepBf16Threads, Fused ? 3 : 2)
   }
   __syncthreads();
   phase_mark(a.phase_cycles, phase_last, 3);
-  unit_lower_inverse(sA, sT, a.tinv_by_columns);  // into the q rows' space; ends with a barrier
+  unit_lower_inverse(sA, sT, a.tinv_schedule);  // into the q rows' space; ends with a barrier
   phase_mark(a.phase_cycles, phase_last, 4);
   // The fused pass's operands: T~ = Tinv diag(beta) (bf16, in W's place) and ek = e^G nk.
   if constexpr (Fused) {
