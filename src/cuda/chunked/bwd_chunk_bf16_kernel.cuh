@@ -209,6 +209,81 @@ __device__ __forceinline__ void fused_vnew(const BwdArgs& b, std::int64_t st_off
                                           2 * lc) = lo[m][nt][hr];
 }
 
+// Phase C's row sums by the whole block (backward_kernels.cuh z_column_suffix_sums, z_row_prefix
+// and dg_scalar_rows state them; those run them on one thread per column or row, or on one
+// thread): the same sums in another fixed order, so the gradients stay bitwise reproducible.
+
+// z[t][j] = sum_{r >= t} Z[r, j] in place, 256 threads: column j = tid % C, rows of quarter
+// tid / C summed bottom up, then the totals of the quarters below added (in order, from the
+// bottom); tot [4][C] floats of scratch. Ends with a barrier.
+__device__ __forceinline__ void z_column_suffix_sums_by_quarters(float* z, int ld, float* tot) {
+  static_assert(kBwdFusedThreads == 4 * kC, "a thread per column and quarter");
+  const int j = threadIdx.x % kC, q = threadIdx.x / kC, r0 = 16 * q;
+  float acc = 0.f;
+#pragma unroll
+  for (int r = r0 + 15; r >= r0; --r) {
+    acc += z[r * ld + j];
+    z[r * ld + j] = acc;
+  }
+  tot[q * kC + j] = acc;
+  __syncthreads();
+  float below = 0.f;
+  for (int qb = 3; qb > q; --qb) below += tot[qb * kC + j];
+#pragma unroll
+  for (int r = r0; r < r0 + 16; ++r) z[r * ld + j] += below;
+  __syncthreads();
+}
+
+// Part `part` (0 .. 3) of F_r = sum_{j < r} z[r][j]: columns 8 part + 32 h + e (h = 0, 1; e =
+// 0 .. 7) below r; the four parts of a row are adjacent lanes (rows r and r + 1 ... of a warp hit
+// 32 distinct banks at ld = C + 1).
+__device__ __forceinline__ float z_row_prefix_part(const float* z, int ld, int r, int part) {
+  float f = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int j = 8 * part + 32 * h + e;
+      if (j < r) f += z[r * ld + j];
+    }
+  return f;
+}
+
+// dg_scalar_rows by one warp (lane l: rows 2 l, 2 l + 1), in double: row[t] = gn sd + sum_{len > r
+// >= t} c1_r + float(sum_{r < t} yk_r) + F_t for t < len, 0 past len; the prefix and suffix sums
+// as warp scans.
+__device__ __forceinline__ void dg_scalar_rows_warp(float* row, const float* sd_parts, int nparts,
+                                                    float gn, const float* c1, const float* yk,
+                                                    const float* F, int len) {
+  static_assert(kC == 64, "two rows per lane");
+  const int lane = threadIdx.x & 31, r0 = 2 * lane;
+  double sd = 0.0;
+  for (int w = 0; w < nparts; ++w) sd += static_cast<double>(sd_parts[w]);
+  const double y0 = yk[r0], y1 = yk[r0 + 1];
+  const double c0 = r0 < len ? static_cast<double>(c1[r0]) : 0.0;
+  const double c1v = r0 + 1 < len ? static_cast<double>(c1[r0 + 1]) : 0.0;
+  double pre = y0 + y1, suf = c0 + c1v;  // inclusive scans: up (prefix) and down (suffix)
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    const double up = __shfl_up_sync(0xffffffffu, pre, m);
+    const double down = __shfl_down_sync(0xffffffffu, suf, m);
+    if (lane >= m) pre += up;
+    if (lane + m < 32) suf += down;
+  }
+  const double pre_prev = __shfl_up_sync(0xffffffffu, pre, 1);
+  const double suf_next = __shfl_down_sync(0xffffffffu, suf, 1);
+  const double before = lane > 0 ? pre_prev : 0.0;  // sum_{r < r0} yk_r
+  const double after = lane < 31 ? suf_next : 0.0;  // sum_{r > r0 + 1} c1_r (rows < len)
+  const double rc = static_cast<double>(gn) * sd;
+  const float pf0 = static_cast<float>(before), pf1 = static_cast<float>(before + y0);
+  row[r0] = r0 < len ? static_cast<float>((rc + after + c1v + c0) + static_cast<double>(pf0) +
+                                          static_cast<double>(F[r0]))
+                     : 0.f;
+  row[r0 + 1] = r0 + 1 < len ? static_cast<float>((rc + after + c1v) + static_cast<double>(pf1) +
+                                                  static_cast<double>(F[r0 + 1]))
+                             : 0.f;
+}
+
 // FuseVnew: Vnew = U - W S computed here from the saved chunk states (bwd_vnew_kernel not run);
 // else Vnew is in U (the recomputed state pass wrote it).
 template <bool S16, bool FuseVnew>
@@ -604,35 +679,37 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   }
   __syncthreads();
   phase_mark(b.phase_cycles, phase_last, 6);
-  // dg per row (backward_kernels.cuh dg_scalar_rows states the sum):
-  z_column_suffix_sums(sZ, ldZ);
-  __syncthreads();
-  if (tid < kC) {  // per row: F_t = sum_{j < t} (suffix sums), the tiles' row sums
-    const int r = tid;
-    const float f = z_row_prefix(sZ, ldZ, r);
-    float c1 = 0.f, ykr = 0.f, db = 0.f;
+  // dg per row (backward_kernels.cuh dg_scalar_rows states the sum), by all threads.
+  z_column_suffix_sums_by_quarters(sZ, ldZ, sC1);  // sC1 .. sDb: its [4][C] scratch until then
+  {  // F_t = sum_{j < t} (suffix sums): four threads per row; the tiles' row sums
+    const int r = tid >> 2, part = tid & 3;
+    float f = z_row_prefix_part(sZ, ldZ, r, part);
+    f += __shfl_xor_sync(0xffffffffu, f, 1);
+    f += __shfl_xor_sync(0xffffffffu, f, 2);
+    if (part == 0) {
+      float c1 = 0.f, ykr = 0.f, db = 0.f;
 #pragma unroll
-    for (int part = 0; part < 8; ++part) {
-      c1 += sPart[(0 * kC + r) * 8 + part];
-      ykr += sPart[(1 * kC + r) * 8 + part];
-      db += sPart[(2 * kC + r) * 8 + part];
+      for (int p8 = 0; p8 < 8; ++p8) {
+        c1 += sPart[(0 * kC + r) * 8 + p8];
+        ykr += sPart[(1 * kC + r) * 8 + p8];
+        db += sPart[(2 * kC + r) * 8 + p8];
+      }
+      sF[r] = f;
+      sC1[r] = c1;
+      sYk[r] = ykr;
+      sDb[r] = db;
+      sDbp[r] = (sPartA[r * 2] + sPartA[r * 2 + 1]) +
+                (sPartA[2 * kC + r * 2] + sPartA[2 * kC + r * 2 + 1]);
     }
-    sF[r] = f;
-    sC1[r] = c1;
-    sYk[r] = ykr;
-    sDb[r] = db;
-    sDbp[r] =
-        (sPartA[r * 2] + sPartA[r * 2 + 1]) + (sPartA[2 * kC + r * 2] + sPartA[2 * kC + r * 2 + 1]);
   }
   __syncthreads();
-  if (tid == 0) {  // the row recurrences in double, in order
-    dg_scalar_rows(sRow, sRed, kBwdFusedThreads / 32, expf(Gn), sC1, sYk, sF, 1, len);
-    for (int r = len; r < kC; ++r) sRow[r] = 0.f;
-  }
+  if (warp == 0)
+    dg_scalar_rows_warp(sRow, sRed, kBwdFusedThreads / 32, expf(Gn), sC1, sYk, sF, len);
   __syncthreads();
 
   // dbeta and dg (with the chain rules of the fused options) per row; the gate parameters'
-  // partials of this chunk.
+  // partials of this chunk (per-row terms, summed in row order by thread 0).
+  double* sGateTerms = reinterpret_cast<double*>(region);  // [2][C] (sZ is dead)
   if (tid < len) {
     const int r = tid;
     if (b.dbeta) {
@@ -646,30 +723,38 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
       store_from_float(b.dbeta, seq.b * b.db_sb + (t0 + r) * b.db_st + h * b.db_sh, a.beta_dtype,
                        db);
     }
-  }
-  if (tid == 0) {
-    const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
-    const float bias = a.gate_in_kernel && a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f;
-    double ddt = 0.0, dAl = 0.0;
-    for (int r = 0; r < len; ++r) {
-      const float dgl = sRow[r];
-      const std::int64_t goff = seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh;
-      float out = dgl;
-      if (a.gate_in_kernel) {
-        const float x = load_as_float(a.g, goff, a.g_dtype) + bias;
-        out = dgl * negA * softplus_grad(x);
-        dAl += static_cast<double>(dgl) * static_cast<double>(negA * softplus(x));
-        ddt += static_cast<double>(out);
-      }
-      if (b.dg)
-        store_from_float(b.dg, seq.b * b.dg_sb + (t0 + r) * b.dg_st + h * b.dg_sh, a.g_dtype, out);
-    }
+    const float dgl = sRow[r];
+    float out = dgl;
     if (a.gate_in_kernel) {
+      const float negA = -expf(a.A_log[h * a.A_log_s]);
+      const float bias = a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f;
+      const float x =
+          load_as_float(a.g, seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh, a.g_dtype) + bias;
+      out = dgl * negA * softplus_grad(x);
+      sGateTerms[r] = static_cast<double>(dgl) * static_cast<double>(negA * softplus(x));
+      sGateTerms[kC + r] = static_cast<double>(out);
+    }
+    if (b.dg)
+      store_from_float(b.dg, seq.b * b.dg_sb + (t0 + r) * b.dg_st + h * b.dg_sh, a.g_dtype, out);
+  }
+  if (a.gate_in_kernel) {
+    __syncthreads();
+    if (tid == 0) {
+      double dAl = 0.0, ddt = 0.0;
+      for (int r = 0; r < len; ++r) {
+        dAl += sGateTerms[r];
+        ddt += sGateTerms[kC + r];
+      }
       b.gpart[gidx * 2] = dAl;
       b.gpart[gidx * 2 + 1] = ddt;
     }
-    phase_mark(b.phase_cycles, phase_last, 7);  // thread 0 ends last: the block's end
-    if (b.phase_cycles) atomicAdd(b.phase_cycles + 8, 1ull);
+  }
+  if (b.phase_cycles) {  // the block's end: after its last stores
+    __syncthreads();
+    if (tid == 0) {
+      phase_mark(b.phase_cycles, phase_last, 7);
+      atomicAdd(b.phase_cycles + 8, 1ull);
+    }
   }
 }
 
