@@ -296,6 +296,10 @@ int main(int argc, char** argv) {
                  "backward: the fused chunk kernel's L2 prefetch of its next phases' operands: "
                  "1 off, 2 on (0 the rule)")
       ->check(CLI::Range(0, 2));
+  app.add_option("--bwd-rows", overrides.chunked_backward_rows,
+                 "backward: the fused chunk kernel's row sums of dg: 1 a thread per column / row "
+                 "and one thread, 2 by the whole block (0 the rule)")
+      ->check(CLI::Range(0, 2));
   bool phase_cycles = false, prep_cycles = false;
   app.add_flag("--prep-cycles", prep_cycles,
                "one more forward call timing the bf16 prep kernel's phases (clock64 cycles per "
@@ -346,10 +350,11 @@ int main(int argc, char** argv) {
       int n = static_cast<int>(std::strlen(bwd_fields));
       n += std::snprintf(
           bwd_fields + n, sizeof bwd_fields - n,
-          "\"window\": %d, \"bwd_fused\": %d, \"bwd_prefetch\": %d, \"bwd_ms\": %.4f, "
-          "\"bwd_pool_peak_bytes\": %.0f, ",
+          "\"window\": %d, \"bwd_fused\": %d, \"bwd_prefetch\": %d, \"bwd_rows\": %d, "
+          "\"bwd_ms\": %.4f, \"bwd_pool_peak_bytes\": %.0f, ",
           overrides.chunked_backward_window, overrides.chunked_backward_fused,
-          overrides.chunked_backward_prefetch, bt.ms, bt.pool_peak_bytes);
+          overrides.chunked_backward_prefetch, overrides.chunked_backward_rows, bt.ms,
+          bt.pool_peak_bytes);
       if (phase_cycles) {
         if (!prep_cycles)  // else printed with the prep's cycles
           n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "\"sm_clock_khz\": %d, ", khz);

@@ -108,6 +108,10 @@ struct DecodeOverrides {
                                       //   2 = each block prefetches its next phases' operands
                                       //   into L2 (bulk prefetch; the rule: 1, 2 measured
                                       //   3-4 % slower on an H100, 2026-12-07)
+  int chunked_backward_rows = 0;      // the fused backward chunk kernel's row sums of dg (phase C):
+                                      //   1 = a thread per column / row, dg's recurrences on one
+                                  //   thread (the rule), 2 = by the whole block (quarters, lanes,
+                                  //   warp scans; opt-in until measured)
   // Diagnostics, not a knob: a device buffer of kBackwardPhaseCounters (9) zeroed counters. When
   // set, thread 0 of every block of the fused backward chunk kernel (bwd_chunk_bf16_kernel.cuh)
   // adds the clock64 cycles of each of its phases, 0 .. 7 = staging and Vnew, Y, A0, A1, A2, B,

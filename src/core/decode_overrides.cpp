@@ -38,6 +38,7 @@ constexpr Field kFields[] = {
     {"chunked_backward_fused", &DecodeOverrides::chunked_backward_fused},
     {"chunked_tinv", &DecodeOverrides::chunked_tinv},
     {"chunked_backward_prefetch", &DecodeOverrides::chunked_backward_prefetch},
+    {"chunked_backward_rows", &DecodeOverrides::chunked_backward_rows},
 };
 
 std::string field_names() {

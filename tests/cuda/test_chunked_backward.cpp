@@ -319,7 +319,8 @@ std::vector<std::pair<std::string, TestData>> fused_cases() {
 // both within the bar of the float64 reference: lengths around the chunk, decay regimes up to g =
 // -30 everywhere, beta 0 and 1, varlen with empty and 1-token sequences, GQA, the fused options,
 // both layouts, h0 and dfinal_state; states recomputed, read from the forward's fp32 saved record,
-// and from its bf16 one by windows of 3 chunk slots.
+// and from its bf16 one by windows of 3 chunk slots; the fused kernel's row sums by the whole
+// block (DecodeOverrides::chunked_backward_rows = 2) against the reference and run to run.
 TEST(CudaChunkedBackward, FusedChunkKernel) {
   REQUIRE_GPU();
   auto cases = fused_cases();
@@ -348,6 +349,17 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
       note(label + " (bf16 saved, windows)", got16, ref);
       expect_backward_close(got16, ref, tol,
                             label + " (bf16 saved, windows): " + describe(d.c, d.seed));
+      if (rule == 2) {  // phase C's row sums by the whole block (chunked_backward_rows = 2)
+        DecodeOverrides rows = forced;
+        rows.chunked_backward_rows = 2;
+        const BackwardResult by_block =
+            run_backward_cuda(d, nullptr, saved, Path::automatic, &rows);
+        note(label + " (saved, rows by block)", by_block, ref);
+        expect_backward_close(by_block, ref, tol,
+                              label + " (saved, rows by block): " + describe(d.c, d.seed));
+        const BackwardResult again = run_backward_cuda(d, nullptr, saved, Path::automatic, &rows);
+        ASSERT_NO_FATAL_FAILURE(expect_bit_identical(again, by_block, label + " (rows by block)"));
+      }
     }
     // Given saved states, rule 5 has the bf16 prep write the reverse pass's operands in bf16; rule
     // 2 keeps them fp32 and the pass rounds them as it stages them: the same roundings, so the

@@ -101,6 +101,9 @@ struct BwdArgs {
   unsigned long long* phase_cycles;
   // bwd_chunk_bf16_kernel: L2 prefetches of the next phases' operands (chunked_backward_prefetch).
   bool prefetch_l2;
+  // bwd_chunk_bf16_kernel: phase C's row sums by the whole block (chunked_backward_rows = 2)
+  // instead of a thread per column / row and one thread for dg's recurrences.
+  bool rows_by_block;
   // The reverse pass on warpgroup products (bwd_state_wgmma_kernel.cuh) where its bf16 operands
   // are given (chunked_backward_fused = 6).
   bool state_wgmma;

@@ -271,6 +271,7 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
       config.decode_overrides ? config.decode_overrides->backward_phase_cycles : nullptr;
   b.prefetch_l2 =
       config.decode_overrides && config.decode_overrides->chunked_backward_prefetch == 2;
+  b.rows_by_block = config.decode_overrides && config.decode_overrides->chunked_backward_rows == 2;
 
   // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
   const std::int64_t items = wslots * prob.Hv, keys = wslots * prob.Hk;
