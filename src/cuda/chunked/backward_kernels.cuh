@@ -543,6 +543,30 @@ __device__ __forceinline__ float softplus_grad(float x) {
   return x > 20.f ? 1.f : 1.f / (1.f + expf(-x));
 }
 
+// dbeta of row r through the fused beta sigmoid (beta = sigmoid(raw): d raw = dbeta s (1 - s));
+// db as it is without the option.
+__device__ __forceinline__ float beta_chain(const ChunkArgs& a, const SeqInfo& seq, std::int64_t t0,
+                                            int r, int h, float db) {
+  if (!a.beta_sigmoid) return db;
+  const float raw =
+      load_as_float(a.beta, seq.b * a.beta_sb + (t0 + r) * a.beta_st + h * a.beta_sh, a.beta_dtype);
+  const float s = 1.f / (1.f + expf(-raw));
+  return db * (s * (1.f - s));
+}
+
+// The gate's gradient at one (row, channel) (g's offset goff) through the gate in kernel (g = -exp(
+// A_log) softplus(a + dt_bias): da = dg negA softplus'(a + bias), negA = -exp(A_log)), with the
+// entry's terms of dA_log and ddt_bias added to dA, ddt; dg as it is without the option.
+__device__ __forceinline__ float gate_chain(const ChunkArgs& a, std::int64_t goff, float dgl,
+                                            float negA, float bias, double& dA, double& ddt) {
+  if (!a.gate_in_kernel) return dgl;
+  const float x = load_as_float(a.g, goff, a.g_dtype) + bias;
+  const float out = dgl * negA * softplus_grad(x);
+  dA += static_cast<double>(dgl) * static_cast<double>(negA * softplus(x));
+  ddt += static_cast<double>(out);
+  return out;
+}
+
 template <bool PerKey, bool X3, bool S16>
 __global__ void __launch_bounds__(kThreads, PerKey ? 2 : 1) bwd_key_kernel(BwdArgs b) {
   const ChunkArgs& a = b.c;
@@ -965,12 +989,7 @@ __global__ void __launch_bounds__(kThreads, PerKey ? 2 : 1) bwd_key_kernel(BwdAr
         } else {
           db += sDb[r];
         }
-        if (a.beta_sigmoid) {
-          const float raw = load_as_float(
-              a.beta, seq.b * a.beta_sb + (t0 + r) * a.beta_st + h * a.beta_sh, a.beta_dtype);
-          const float s = 1.f / (1.f + expf(-raw));
-          db *= s * (1.f - s);
-        }
+        db = beta_chain(a, seq, t0, r, h, db);
       }
       store_from_float(b.dbeta, seq.b * b.db_sb + (t0 + r) * b.db_st + h * b.db_sh, a.beta_dtype,
                        db);
@@ -985,17 +1004,7 @@ __global__ void __launch_bounds__(kThreads, PerKey ? 2 : 1) bwd_key_kernel(BwdAr
       const bool live = row_live(a, seq, t0, r, len);
       const float dgl = PerKey ? dgc[r * Dk + i] : sRow[r];
       const std::int64_t goff = seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh + i;
-      float out = 0.f;
-      if (live) {
-        if (!a.gate_in_kernel) {
-          out = dgl;
-        } else {
-          const float x = load_as_float(a.g, goff, a.g_dtype) + bias;
-          out = dgl * negA * softplus_grad(x);
-          dA += static_cast<double>(dgl) * static_cast<double>(negA * softplus(x));
-          ddt += static_cast<double>(out);
-        }
-      }
+      const float out = live ? gate_chain(a, goff, dgl, negA, bias, dA, ddt) : 0.f;
       if (b.dg)
         store_from_float(b.dg, seq.b * b.dg_sb + (t0 + r) * b.dg_st + h * b.dg_sh + i, a.g_dtype,
                          out);

@@ -679,152 +679,91 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   }
   __syncthreads();
   phase_mark(b.phase_cycles, phase_last, 6);
-  if (b.rows_by_block) {  // DecodeOverrides::chunked_backward_rows = 2 (opt-in until measured)
-    // dg per row (backward_kernels.cuh dg_scalar_rows states the sum), by all threads.
+  // dg per row (backward_kernels.cuh dg_scalar_rows states the sum): by the whole block
+  // (DecodeOverrides::chunked_backward_rows = 2, opt-in until measured), or a thread per column /
+  // row and one thread for the recurrences (the rule). by_block is uniform.
+  const bool by_block = b.rows_by_block;
+  if (by_block) {
     z_column_suffix_sums_by_quarters(sZ, ldZ, sC1);  // sC1 .. sDb: its [4][C] scratch until then
-    {  // F_t = sum_{j < t} (suffix sums): four threads per row; the tiles' row sums
-      const int r = tid >> 2, part = tid & 3;
-      float f = z_row_prefix_part(sZ, ldZ, r, part);
+  } else {
+    z_column_suffix_sums(sZ, ldZ);
+    __syncthreads();
+  }
+  {  // F_t = sum_{j < t} (suffix sums) (four lanes or one thread per row), the tiles' row sums
+    const int r = by_block ? tid >> 2 : tid;
+    float f = 0.f;
+    if (by_block) {
+      f = z_row_prefix_part(sZ, ldZ, r, tid & 3);
       f += __shfl_xor_sync(0xffffffffu, f, 1);
       f += __shfl_xor_sync(0xffffffffu, f, 2);
-      if (part == 0) {
-        float c1 = 0.f, ykr = 0.f, db = 0.f;
-#pragma unroll
-        for (int p8 = 0; p8 < 8; ++p8) {
-          c1 += sPart[(0 * kC + r) * 8 + p8];
-          ykr += sPart[(1 * kC + r) * 8 + p8];
-          db += sPart[(2 * kC + r) * 8 + p8];
-        }
-        sF[r] = f;
-        sC1[r] = c1;
-        sYk[r] = ykr;
-        sDb[r] = db;
-        sDbp[r] = (sPartA[r * 2] + sPartA[r * 2 + 1]) +
-                  (sPartA[2 * kC + r * 2] + sPartA[2 * kC + r * 2 + 1]);
-      }
+    } else if (tid < kC) {
+      f = z_row_prefix(sZ, ldZ, r);
     }
-    __syncthreads();
+    if (by_block ? (tid & 3) == 0 : tid < kC) {
+      float c1 = 0.f, ykr = 0.f, db = 0.f;
+#pragma unroll
+      for (int part = 0; part < 8; ++part) {
+        c1 += sPart[(0 * kC + r) * 8 + part];
+        ykr += sPart[(1 * kC + r) * 8 + part];
+        db += sPart[(2 * kC + r) * 8 + part];
+      }
+      sF[r] = f;
+      sC1[r] = c1;
+      sYk[r] = ykr;
+      sDb[r] = db;
+      sDbp[r] = (sPartA[r * 2] + sPartA[r * 2 + 1]) +
+                (sPartA[2 * kC + r * 2] + sPartA[2 * kC + r * 2 + 1]);
+    }
+  }
+  __syncthreads();
+  if (by_block) {
     if (warp == 0)
       dg_scalar_rows_warp(sRow, sRed, kBwdFusedThreads / 32, expf(Gn), sC1, sYk, sF, len);
-    __syncthreads();
-
-    // dbeta and dg (with the chain rules of the fused options) per row; the gate parameters'
-    // partials of this chunk (per-row terms, summed in row order by thread 0).
-    double* sGateTerms = reinterpret_cast<double*>(region);  // [2][C] (sZ is dead)
-    if (tid < len) {
-      const int r = tid;
-      if (b.dbeta) {
-        float db = sDbp[r] + sDb[r];
-        if (a.beta_sigmoid) {
-          const float raw = load_as_float(
-              a.beta, seq.b * a.beta_sb + (t0 + r) * a.beta_st + h * a.beta_sh, a.beta_dtype);
-          const float s = 1.f / (1.f + expf(-raw));
-          db *= s * (1.f - s);
-        }
-        store_from_float(b.dbeta, seq.b * b.db_sb + (t0 + r) * b.db_st + h * b.db_sh, a.beta_dtype,
-                         db);
-      }
-      const float dgl = sRow[r];
-      float out = dgl;
-      if (a.gate_in_kernel) {
-        const float negA = -expf(a.A_log[h * a.A_log_s]);
-        const float bias = a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f;
-        const float x =
-            load_as_float(a.g, seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh, a.g_dtype) + bias;
-        out = dgl * negA * softplus_grad(x);
-        sGateTerms[r] = static_cast<double>(dgl) * static_cast<double>(negA * softplus(x));
-        sGateTerms[kC + r] = static_cast<double>(out);
-      }
-      if (b.dg)
-        store_from_float(b.dg, seq.b * b.dg_sb + (t0 + r) * b.dg_st + h * b.dg_sh, a.g_dtype, out);
-    }
-    if (a.gate_in_kernel) {
-      __syncthreads();
-      if (tid == 0) {
-        double dAl = 0.0, ddt = 0.0;
-        for (int r = 0; r < len; ++r) {
-          dAl += sGateTerms[r];
-          ddt += sGateTerms[kC + r];
-        }
-        b.gpart[gidx * 2] = dAl;
-        b.gpart[gidx * 2 + 1] = ddt;
-      }
-    }
-    if (b.phase_cycles) {  // the block's end: after its last stores
-      __syncthreads();
-      if (tid == 0) {
-        phase_mark(b.phase_cycles, phase_last, 7);
-        atomicAdd(b.phase_cycles + 8, 1ull);
-      }
-    }
-    return;
-  }
-  // dg per row (backward_kernels.cuh dg_scalar_rows states the sum):
-  z_column_suffix_sums(sZ, ldZ);
-  __syncthreads();
-  if (tid < kC) {  // per row: F_t = sum_{j < t} (suffix sums), the tiles' row sums
-    const int r = tid;
-    const float f = z_row_prefix(sZ, ldZ, r);
-    float c1 = 0.f, ykr = 0.f, db = 0.f;
-#pragma unroll
-    for (int part = 0; part < 8; ++part) {
-      c1 += sPart[(0 * kC + r) * 8 + part];
-      ykr += sPart[(1 * kC + r) * 8 + part];
-      db += sPart[(2 * kC + r) * 8 + part];
-    }
-    sF[r] = f;
-    sC1[r] = c1;
-    sYk[r] = ykr;
-    sDb[r] = db;
-    sDbp[r] =
-        (sPartA[r * 2] + sPartA[r * 2 + 1]) + (sPartA[2 * kC + r * 2] + sPartA[2 * kC + r * 2 + 1]);
-  }
-  __syncthreads();
-  if (tid == 0) {  // the row recurrences in double, in order
+  } else if (tid == 0) {  // the row recurrences in double, in order
     dg_scalar_rows(sRow, sRed, kBwdFusedThreads / 32, expf(Gn), sC1, sYk, sF, 1, len);
     for (int r = len; r < kC; ++r) sRow[r] = 0.f;
   }
   __syncthreads();
 
   // dbeta and dg (with the chain rules of the fused options) per row; the gate parameters'
-  // partials of this chunk.
-  if (tid < len) {
-    const int r = tid;
-    if (b.dbeta) {
-      float db = sDbp[r] + sDb[r];
-      if (a.beta_sigmoid) {
-        const float raw = load_as_float(
-            a.beta, seq.b * a.beta_sb + (t0 + r) * a.beta_st + h * a.beta_sh, a.beta_dtype);
-        const float s = 1.f / (1.f + expf(-raw));
-        db *= s * (1.f - s);
-      }
-      store_from_float(b.dbeta, seq.b * b.db_sb + (t0 + r) * b.db_st + h * b.db_sh, a.beta_dtype,
-                       db);
-    }
+  // partials of this chunk, summed in row order (by_block: per-row terms in sGateTerms, sZ dead).
+  if (tid < len && b.dbeta)
+    store_from_float(b.dbeta, seq.b * b.db_sb + (t0 + tid) * b.db_st + h * b.db_sh, a.beta_dtype,
+                     beta_chain(a, seq, t0, tid, h, sDbp[tid] + sDb[tid]));
+  const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
+  const float bias = a.gate_in_kernel && a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f;
+  double* sGateTerms = reinterpret_cast<double*>(region);  // [2][C]
+  const int row0 = by_block ? tid : 0, rows = by_block ? (tid < len ? 1 : 0) : (tid == 0 ? len : 0);
+  double dAl = 0.0, ddt = 0.0;
+  for (int r = row0; r < row0 + rows; ++r) {
+    const std::int64_t goff = seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh;
+    const float out = gate_chain(a, goff, sRow[r], negA, bias, dAl, ddt);
+    if (b.dg)
+      store_from_float(b.dg, seq.b * b.dg_sb + (t0 + r) * b.dg_st + h * b.dg_sh, a.g_dtype, out);
   }
-  if (tid == 0) {
-    const float negA = a.gate_in_kernel ? -expf(a.A_log[h * a.A_log_s]) : 0.f;
-    const float bias = a.gate_in_kernel && a.dt_bias ? a.dt_bias[h * a.dt_bias_sh] : 0.f;
-    double ddt = 0.0, dAl = 0.0;
-    for (int r = 0; r < len; ++r) {
-      const float dgl = sRow[r];
-      const std::int64_t goff = seq.b * a.g_sb + (t0 + r) * a.g_st + h * a.g_sh;
-      float out = dgl;
-      if (a.gate_in_kernel) {
-        const float x = load_as_float(a.g, goff, a.g_dtype) + bias;
-        out = dgl * negA * softplus_grad(x);
-        dAl += static_cast<double>(dgl) * static_cast<double>(negA * softplus(x));
-        ddt += static_cast<double>(out);
+  if (a.gate_in_kernel && by_block) {
+    if (rows) {
+      sGateTerms[tid] = dAl;
+      sGateTerms[kC + tid] = ddt;
+    }
+    __syncthreads();
+    dAl = ddt = 0.0;
+    if (tid == 0)
+      for (int r = 0; r < len; ++r) {
+        dAl += sGateTerms[r];
+        ddt += sGateTerms[kC + r];
       }
-      if (b.dg)
-        store_from_float(b.dg, seq.b * b.dg_sb + (t0 + r) * b.dg_st + h * b.dg_sh, a.g_dtype, out);
+  }
+  if (a.gate_in_kernel && tid == 0) {
+    b.gpart[gidx * 2] = dAl;
+    b.gpart[gidx * 2 + 1] = ddt;
+  }
+  if (b.phase_cycles) {  // the block's end: after its last stores
+    __syncthreads();
+    if (tid == 0) {
+      phase_mark(b.phase_cycles, phase_last, 7);
+      atomicAdd(b.phase_cycles + 8, 1ull);
     }
-    if (a.gate_in_kernel) {
-      b.gpart[gidx * 2] = dAl;
-      b.gpart[gidx * 2 + 1] = ddt;
-    }
-    phase_mark(b.phase_cycles, phase_last, 7);  // thread 0 ends last: the block's end
-    if (b.phase_cycles) atomicAdd(b.phase_cycles + 8, 1ull);
   }
 }
 
