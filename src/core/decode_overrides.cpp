@@ -39,6 +39,7 @@ constexpr Field kFields[] = {
     {"chunked_tinv", &DecodeOverrides::chunked_tinv},
     {"chunked_backward_prefetch", &DecodeOverrides::chunked_backward_prefetch},
     {"chunked_backward_rows", &DecodeOverrides::chunked_backward_rows},
+    {"chunked_backward_qk", &DecodeOverrides::chunked_backward_qk},
 };
 
 std::string field_names() {

@@ -284,9 +284,65 @@ __device__ __forceinline__ void dg_scalar_rows_warp(float* row, const float* sd_
                              : 0.f;
 }
 
+// The chunk's normalised q or k rows of one key head (fp32 values, rows >= len zero): the prep's
+// fp32 rows (scratch [C][D]), or (Raw, DecodeOverrides::chunked_backward_qk = 2) the raw bf16 input
+// rows times the prep's per-row norms (scratch [C]): the same fp32 products the prep forms, so the
+// values are the same bits.
+template <bool Raw>
+struct QKRows {
+  const float* scratch;      // Raw: the norms [C]; else the rows [C][D]
+  const __nv_bfloat16* raw;  // Raw: the chunk's row 0 of the input (row stride st)
+  std::int64_t st;
+  int len;
+  // Elements i, i + 1 of row r (i even).
+  __device__ __forceinline__ float2 pair(int r, int i) const {
+    if constexpr (Raw) {
+      if (r >= len) return make_float2(0.f, 0.f);
+      const float n = scratch[r];
+      const float2 x =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(raw + r * st + i));
+      return make_float2(n * x.x, n * x.y);
+    } else {
+      return *reinterpret_cast<const float2*>(scratch + r * kBwdFusedD + i);
+    }
+  }
+  // Elements c .. c + 7 of row r (c a multiple of 8) rounded to bf16, as a 16-byte unit.
+  __device__ __forceinline__ uint4 eight_bf16(int r, int c) const {
+    float x[8];
+    if constexpr (Raw) {
+      if (r >= len) return make_uint4(0u, 0u, 0u, 0u);
+      const float n = scratch[r];
+      unpack8_as_float(*reinterpret_cast<const uint4*>(raw + r * st + c), 2, x);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] *= n;
+    } else {
+      const float4 x0 = *reinterpret_cast<const float4*>(scratch + r * kBwdFusedD + c);
+      const float4 x1 = *reinterpret_cast<const float4*>(scratch + r * kBwdFusedD + c + 4);
+      x[0] = x0.x, x[1] = x0.y, x[2] = x0.z, x[3] = x0.w;
+      x[4] = x1.x, x[5] = x1.y, x[6] = x1.z, x[7] = x1.w;
+    }
+    return make_uint4(detail::pack_bf16(x[0], x[1]), detail::pack_bf16(x[2], x[3]),
+                      detail::pack_bf16(x[4], x[5]), detail::pack_bf16(x[6], x[7]));
+  }
+};
+
+// The C rows of `rows` as bf16 into shared rows [C][ld] (8 elements per unit; as stage_f32_rows
+// without a lo part).
+template <bool Raw>
+__device__ __forceinline__ void stage_qk_rows(__nv_bfloat16* dst, int ld, const QKRows<Raw> rows) {
+  constexpr int units = kC * kBwdFusedD / 8;
+#pragma unroll
+  for (int u = 0; u < units / kBwdFusedThreads; ++u) {
+    const int e = threadIdx.x + u * kBwdFusedThreads;
+    const int r = e / (kBwdFusedD / 8), c = 8 * (e % (kBwdFusedD / 8));
+    *reinterpret_cast<uint4*>(dst + r * ld + c) = rows.eight_bf16(r, c);
+  }
+}
+
 // FuseVnew: Vnew = U - W S computed here from the saved chunk states (bwd_vnew_kernel not run);
 // else Vnew is in U (the recomputed state pass wrote it).
-template <bool S16, bool FuseVnew>
+// RawQK: the q, k rows from the inputs and the prep's per-row norms (QKRows).
+template <bool S16, bool FuseVnew, bool RawQK = false>
 __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(BwdArgs b) {
   using L = BwdFusedSmem;
   constexpr int D = kBwdFusedD, ldD = L::ldD, ldC = L::ldC, ldQ = L::ldQ, ldZ = L::ldZ;
@@ -340,6 +396,12 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   const std::int64_t kidx = (wslot * a.Hk + hk) * kC * D;
   const float* Qn = a.Qn_out + kidx;
   const float* Kn = a.Kn_out + kidx;
+  const QKRows<RawQK> qrows{
+      Qn, static_cast<const __nv_bfloat16*>(a.q) + seq.b * a.q_sb + t0 * a.q_st + hk * a.q_sh,
+      a.q_st, len};
+  const QKRows<RawQK> krows{
+      Kn, static_cast<const __nv_bfloat16*>(a.k) + seq.b * a.k_sb + t0 * a.k_st + hk * a.k_sh,
+      a.k_st, len};
   const float* Vn = f32(a.U) + pidx * kC * D;
   const float* dS = b.dS + pidx * D * D;
   const std::int64_t st_off = slot * b.st_s0 + h * b.st_s1;
@@ -382,7 +444,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     detail::prefetch_l2_bulk(b.dVn + pidx * kC * D, kC * D * 4);
     detail::prefetch_l2_bulk(a.Tinv_out + pidx * kC * kC, kC * kC * 4);
     detail::prefetch_l2_bulk(a.KK_out + pidx * kC * kC, kC * kC * 4);
-    detail::prefetch_l2_bulk(Kn, kC * D * 4);
+    if (!RawQK) detail::prefetch_l2_bulk(Kn, kC * D * 4);
   }
 
   // Phase Y: Y = Vnew dS^T by quarters of the key channels, with Vnew and dS both as bf16 hi + lo
@@ -437,7 +499,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
       for (int hr = 0; hr < 2; ++hr) {
         const int r = r0 + lg + 8 * hr, i = ch0 + i0 + 8 * nt + 2 * lc;
         const float d = expf(Gn - sG[r]);
-        const float2 k2 = *reinterpret_cast<const float2*>(Kn + r * D + i);
+        const float2 k2 = krows.pair(r, i);
         const float y0 = y[nt][2 * hr] + ylo[nt][2 * hr],
                     y1 = y[nt][2 * hr + 1] + ylo[nt][2 * hr + 1];
         rs[hr] += d * y0 * k2.x + d * y1 * k2.y;
@@ -453,7 +515,7 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     __syncthreads();  // the quarter's staging is overwritten next
   }
   phase_mark(b.phase_cycles, phase_last, 1);
-  if (b.prefetch_l2 && tid == 0) detail::prefetch_l2_bulk(Qn, kC * D * 4);
+  if (!RawQK && b.prefetch_l2 && tid == 0) detail::prefetch_l2_bulk(Qn, kC * D * 4);
 
   // Phase A0: dVnew, Tinv (fp32 -> bf16) into region R.
   stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);
@@ -572,12 +634,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
     for (int u = 0; u < 2; ++u) {
       const int e = tid + u * kBwdFusedThreads;  // 512 units: Q then K, 64 rows x 4 of 8
       const int which = e >> 8, r = (e >> 2) & 63, c = 8 * (e & 3);
-      const float* src = (which ? Kn : Qn) + r * D + ch0 + c;
-      const float4 x0 = *reinterpret_cast<const float4*>(src);
-      const float4 x1 = *reinterpret_cast<const float4*>(src + 4);
       *reinterpret_cast<uint4*>((which ? sKq : sQq) + r * ldQ + c) =
-          make_uint4(detail::pack_bf16(x0.x, x0.y), detail::pack_bf16(x0.z, x0.w),
-                     detail::pack_bf16(x1.x, x1.y), detail::pack_bf16(x1.z, x1.w));
+          which ? krows.eight_bf16(r, ch0 + c) : qrows.eight_bf16(r, ch0 + c);
     }
     __syncthreads();
 
@@ -614,8 +672,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
       for (int hr = 0; hr < 2; ++hr) {
         const int r = r0 + lg + 8 * hr, i = ch0 + i0 + 8 * nt + 2 * lc;
         const float eg = expf(sG[r]), beta = sBeta[r];
-        const float2 q2 = *reinterpret_cast<const float2*>(Qn + r * D + i);
-        const float2 k2 = *reinterpret_cast<const float2*>(Kn + r * D + i);
+        const float2 q2 = qrows.pair(r, i);
+        const float2 k2 = krows.pair(r, i);
         const float2 dy = *reinterpret_cast<const float2*>(dkh + r * D + i);  // d Y (phase Y)
         float dq[2], dk[2];
 #pragma unroll
@@ -645,8 +703,8 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   phase_mark(b.phase_cycles, phase_last, 5);
 
   // Phase C: Q, K rows whole over dO, Vnew; Z = Mq' .* (Q K^T) + Mk' .* (K K^T); <S, dS>.
-  stage_f32_rows<kC>(sQ, ldD, Qn);
-  stage_f32_rows<kC>(sK, ldD, Kn);
+  stage_qk_rows(sQ, ldD, qrows);
+  stage_qk_rows(sK, ldD, krows);
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
   if (lane == 0) sRed[warp] = sd;

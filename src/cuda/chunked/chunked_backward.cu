@@ -126,11 +126,12 @@ void launch_bwd_state_wgmma(const BwdArgs& b, int device, cudaStream_t stream, c
 
 // bwd_dvb + bwd_key fused into bwd_chunk_bf16_kernel (its header states where it applies); with
 // the forward's saved chunk states it also forms Vnew (no bwd_vnew_kernel).
+template <bool RawQK>
 void launch_bwd_fused(const BwdArgs& b, bool with_saved, dim3 grid, int device, cudaStream_t stream,
                       const char* op) {
-  const auto kernel = !with_saved  ? chunked::bwd_chunk_bf16_kernel<false, false>
-                      : b.states16 ? chunked::bwd_chunk_bf16_kernel<true, true>
-                                   : chunked::bwd_chunk_bf16_kernel<false, true>;
+  const auto kernel = !with_saved  ? chunked::bwd_chunk_bf16_kernel<false, false, RawQK>
+                      : b.states16 ? chunked::bwd_chunk_bf16_kernel<true, true, RawQK>
+                                   : chunked::bwd_chunk_bf16_kernel<false, true, RawQK>;
   constexpr std::size_t smem = chunked::BwdFusedSmem::bytes;
   prepare(kernel, smem, device, op);
   kernel<<<grid, chunked::kBwdFusedThreads, smem, stream>>>(b);
@@ -163,7 +164,10 @@ void launch_chunks(const BwdArgs& b, bool with_saved, bool fused, bool state_bf1
     launch_bwd_state<32, X3>(b, device, stream, op);
   if (slots == 0) return;  // T = 0: dh0 = dfinal_state (or 0), nothing else to write
   if (fused) {
-    launch_bwd_fused(b, with_saved, grid, device, stream, op);
+    if (a.qk_norms_only)
+      launch_bwd_fused<true>(b, with_saved, grid, device, stream, op);
+    else
+      launch_bwd_fused<false>(b, with_saved, grid, device, stream, op);
   } else {
     const auto dvb = chunked::bwd_dvb_kernel<X3>;
     const std::size_t dvb_smem = chunked::bwd_dvb_smem_bytes(a.Dv);
@@ -272,6 +276,10 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   b.prefetch_l2 =
       config.decode_overrides && config.decode_overrides->chunked_backward_prefetch == 2;
   b.rows_by_block = config.decode_overrides && config.decode_overrides->chunked_backward_rows == 2;
+  // The fused chunk kernel reads the raw q, k rows and the bf16 prep writes only their norms
+  // (chunked_backward_qk = 2, opt-in until measured; the same values, so bit-identical gradients).
+  a.qk_norms_only =
+      prep_bf16 && config.decode_overrides && config.decode_overrides->chunked_backward_qk == 2;
 
   // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
   const std::int64_t items = wslots * prob.Hv, keys = wslots * prob.Hk;

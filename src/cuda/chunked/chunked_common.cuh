@@ -134,6 +134,10 @@ struct ChunkArgs {
   float* G_out;
   float* Qn_out;
   float* Kn_out;
+  // The bf16 prep's backward mode writes only the per-row norms (nq, nk: C floats at the start of
+  // each key item of Qn_out, Kn_out) for bwd_chunk_bf16_kernel<.., RawQK>, which reads the raw q, k
+  // rows (DecodeOverrides::chunked_backward_qk = 2).
+  bool qk_norms_only;
   // Backward, the bf16 reverse pass's operands (null otherwise; chunked_backward.cu `op16`): the
   // bf16 prep's backward mode writes P, Kd, Qs only as bf16 (P16 [C, C], Kd16, Qs16 [C, Dk] dense
   // at p * C * width; its fp32 P, Kd, Qs are not written) and W both as fp32 (a.W) and as bf16

@@ -408,12 +408,16 @@ __global__ void __launch_bounds__(kPrepBf16Threads, Fused ? 3 : 2)
         *reinterpret_cast<float2*>(Qs + r * Dk + i) = make_float2(fq * qf.x, fq * qf.y);
         *reinterpret_cast<float2*>(Kd + r * Dk + i) = make_float2(fk * kf.x, fk * kf.y);
       }
-      if (key_head) {
+      if (key_head && !a.qk_norms_only) {
         *reinterpret_cast<float2*>(a.Qn_out + kidx + r * Dk + i) =
             make_float2(nq * qf.x, nq * qf.y);
         *reinterpret_cast<float2*>(a.Kn_out + kidx + r * Dk + i) =
             make_float2(nk * kf.x, nk * kf.y);
       }
+    }
+    if (key_head && a.qk_norms_only && tid < kC) {  // the rows' norms only (RawQK chunk kernel)
+      a.Qn_out[kidx + tid] = sNq[tid];
+      a.Kn_out[kidx + tid] = sNk[tid];
     }
   }
   __syncthreads();
