@@ -304,6 +304,10 @@ int main(int argc, char** argv) {
                  "backward: the fused chunk kernel's q, k rows: 1 the prep's normalised fp32 rows, "
                  "2 the raw bf16 inputs and the prep's per-row norms (0 the rule)")
       ->check(CLI::Range(0, 2));
+  app.add_option("--bwd-dvn", overrides.chunked_backward_dvn,
+                 "backward: dVnew from the bf16 reverse pass to the fused chunk kernel: 1 fp32, 2 "
+                 "bf16 (0 the rule)")
+      ->check(CLI::Range(0, 2));
   bool phase_cycles = false, prep_cycles = false;
   app.add_flag("--prep-cycles", prep_cycles,
                "one more forward call timing the bf16 prep kernel's phases (clock64 cycles per "
@@ -355,10 +359,10 @@ int main(int argc, char** argv) {
       n += std::snprintf(
           bwd_fields + n, sizeof bwd_fields - n,
           "\"window\": %d, \"bwd_fused\": %d, \"bwd_prefetch\": %d, \"bwd_rows\": %d, "
-          "\"bwd_qk\": %d, \"bwd_ms\": %.4f, \"bwd_pool_peak_bytes\": %.0f, ",
+          "\"bwd_qk\": %d, \"bwd_dvn\": %d, \"bwd_ms\": %.4f, \"bwd_pool_peak_bytes\": %.0f, ",
           overrides.chunked_backward_window, overrides.chunked_backward_fused,
           overrides.chunked_backward_prefetch, overrides.chunked_backward_rows,
-          overrides.chunked_backward_qk, bt.ms, bt.pool_peak_bytes);
+          overrides.chunked_backward_qk, overrides.chunked_backward_dvn, bt.ms, bt.pool_peak_bytes);
       if (phase_cycles) {
         if (!prep_cycles)  // else printed with the prep's cycles
           n += std::snprintf(bwd_fields + n, sizeof bwd_fields - n, "\"sm_clock_khz\": %d, ", khz);

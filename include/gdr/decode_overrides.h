@@ -108,14 +108,17 @@ struct DecodeOverrides {
                                       //   2 = each block prefetches its next phases' operands
                                       //   into L2 (bulk prefetch; the rule: 1, 2 measured
                                       //   3-4 % slower on an H100, 2026-12-07)
-  int chunked_backward_rows = 0;      // the fused backward chunk kernel's row sums of dg (phase C):
-                                      //   1 = a thread per column / row, dg's recurrences on one
-  //   thread (the rule), 2 = by the whole block (quarters, lanes,
-  //   warp scans; opt-in until measured)
-  int chunked_backward_qk = 0;  // the fused backward's q, k rows: 1 = the prep's L2-normalised
-                                //   fp32 rows in scratch (the rule), 2 = the raw bf16 inputs
-                                //   times the prep's per-row norms, read by the chunk kernel
-                                //   (the same values; opt-in until measured)
+  // The fused backward chunk kernel's row sums of dg (phase C): 1 = a thread per column / row and
+  // dg's recurrences on one thread (the rule), 2 = by the whole block (quarters, lanes, warp
+  // scans; opt-in until measured).
+  int chunked_backward_rows = 0;
+  // The fused backward's q, k rows: 1 = the prep's L2-normalised fp32 rows in scratch (the rule),
+  // 2 = the raw bf16 inputs times the prep's per-row norms, read by the chunk kernel (the same
+  // values; opt-in until measured).
+  int chunked_backward_qk = 0;
+  // The fused backward's dVnew from the bf16 reverse pass to the chunk kernel: 1 = fp32 (the rule),
+  // 2 = bf16 (the rounding the chunk kernel makes; opt-in until measured).
+  int chunked_backward_dvn = 0;
   // Diagnostics, not a knob: a device buffer of kBackwardPhaseCounters (9) zeroed counters. When
   // set, thread 0 of every block of the fused backward chunk kernel (bwd_chunk_bf16_kernel.cuh)
   // adds the clock64 cycles of each of its phases, 0 .. 7 = staging and Vnew, Y, A0, A1, A2, B,

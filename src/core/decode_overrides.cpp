@@ -40,6 +40,7 @@ constexpr Field kFields[] = {
     {"chunked_backward_prefetch", &DecodeOverrides::chunked_backward_prefetch},
     {"chunked_backward_rows", &DecodeOverrides::chunked_backward_rows},
     {"chunked_backward_qk", &DecodeOverrides::chunked_backward_qk},
+    {"chunked_backward_dvn", &DecodeOverrides::chunked_backward_dvn},
 };
 
 std::string field_names() {

@@ -364,22 +364,26 @@ TEST(CudaChunkedBackward, FusedChunkKernel) {
     // Given saved states, rule 5 has the bf16 prep write the reverse pass's operands in bf16; rule
     // 2 keeps them fp32 and the pass rounds them as it stages them: the same roundings, so the
     // gradients must be bit-identical. So must the chunk kernel's L2 prefetches (hints only) and
-    // its q, k rows read raw and scaled by the prep's norms (the same fp32 products).
+    // its q, k rows read raw and scaled by the prep's norms (the same fp32 products), and dVnew
+    // handed from the reverse pass in bf16 (the rounding the chunk kernel makes as it stages it).
     for (const TensorView* sv : {&saved, &saved16}) {
-      DecodeOverrides op32, op16, prefetch, raw_qk;
+      DecodeOverrides op32, op16, prefetch, raw_qk, dvn16;
       op32.chunked_backward_fused = prefetch.chunked_backward_fused = 2;
-      raw_qk.chunked_backward_fused = 2;
+      raw_qk.chunked_backward_fused = dvn16.chunked_backward_fused = 2;
       op16.chunked_backward_fused = 5;
       prefetch.chunked_backward_prefetch = 2;
       raw_qk.chunked_backward_qk = 2;
+      dvn16.chunked_backward_dvn = 2;
       op32.chunked_backward_window = op16.chunked_backward_window = 3;
       prefetch.chunked_backward_window = raw_qk.chunked_backward_window = 3;
+      dvn16.chunked_backward_window = 3;
       const BackwardResult y = run_backward_cuda(d, nullptr, *sv, Path::automatic, &op32);
-      for (const DecodeOverrides* other : {&op16, &prefetch, &raw_qk}) {
+      for (const DecodeOverrides* other : {&op16, &prefetch, &raw_qk, &dvn16}) {
         const BackwardResult x = run_backward_cuda(d, nullptr, *sv, Path::automatic, other);
         const char* what = other == &op16       ? ", bf16 against fp32 reverse-pass operands"
                            : other == &prefetch ? ", with against without L2 prefetch"
-                                                : ", raw q, k rows against the prep's fp32 rows";
+                           : other == &raw_qk   ? ", raw q, k rows against the prep's fp32 rows"
+                                                : ", dVnew handed over in bf16 against fp32";
         ASSERT_NO_FATAL_FAILURE(expect_bit_identical(
             x, y, family + (sv == &saved ? " (saved)" : " (bf16 saved)") + what));
       }

@@ -104,6 +104,9 @@ struct BwdArgs {
   // bwd_chunk_bf16_kernel: phase C's row sums by the whole block (chunked_backward_rows = 2)
   // instead of a thread per column / row and one thread for dg's recurrences.
   bool rows_by_block;
+  // bwd_state_bf16_kernel writes dVnew as bf16 (its hi part, what bwd_chunk_bf16_kernel rounds it
+  // to as it stages it) into dVn's region, dense [C][Dv] per item (chunked_backward_dvn = 2).
+  bool dvn16;
   // The reverse pass on warpgroup products (bwd_state_wgmma_kernel.cuh) where its bf16 operands
   // are given (chunked_backward_fused = 6).
   bool state_wgmma;

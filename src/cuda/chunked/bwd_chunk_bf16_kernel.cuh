@@ -517,8 +517,20 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
   phase_mark(b.phase_cycles, phase_last, 1);
   if (!RawQK && b.prefetch_l2 && tid == 0) detail::prefetch_l2_bulk(Qn, kC * D * 4);
 
-  // Phase A0: dVnew, Tinv (fp32 -> bf16) into region R.
-  stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);
+  // Phase A0: dVnew (fp32 -> bf16, or bf16 as the reverse pass wrote it: BwdArgs::dvn16), Tinv
+  // (fp32 -> bf16) into region R.
+  if (b.dvn16) {
+    const __nv_bfloat16* dvn = reinterpret_cast<const __nv_bfloat16*>(b.dVn) + pidx * kC * D;
+#pragma unroll
+    for (int u = 0; u < kC * D / 8 / kBwdFusedThreads; ++u) {
+      const int e = tid + u * kBwdFusedThreads;
+      const int r = e / (D / 8), c = 8 * (e % (D / 8));
+      *reinterpret_cast<uint4*>(sdVn + r * ldD + c) =
+          *reinterpret_cast<const uint4*>(dvn + r * D + c);
+    }
+  } else {
+    stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);
+  }
   {
     const float* Ti = a.Tinv_out + pidx * kC * kC;
 #pragma unroll

@@ -230,9 +230,13 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
           const int r = r0 + lg + 8 * hf, j = j0 + 8 * nt + 2 * lc;
           const float v0 = hi[nt][2 * hf] + lo[nt][2 * hf];
           const float v1 = hi[nt][2 * hf + 1] + lo[nt][2 * hf + 1];
-          *reinterpret_cast<float2*>(dVn + std::int64_t(r) * Dv + j) = make_float2(v0, v1);
           std::uint32_t vh, vl;
           detail::split_bf16(v0, v1, vh, vl);
+          if (b.dvn16)  // the hi part: dVnew rounded to bf16 once, as the chunk kernel stages it
+            *reinterpret_cast<std::uint32_t*>(reinterpret_cast<__nv_bfloat16*>(b.dVn) +
+                                              (pidx * kC + r) * Dv + col0 + j) = vh;
+          else
+            *reinterpret_cast<float2*>(dVn + std::int64_t(r) * Dv + j) = make_float2(v0, v1);
           *reinterpret_cast<std::uint32_t*>(sVhi + r * ldB + j) = vh;
           *reinterpret_cast<std::uint32_t*>(sVlo + r * ldB + j) = vl;
         }

@@ -280,6 +280,10 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
   // (chunked_backward_qk = 2, opt-in until measured; the same values, so bit-identical gradients).
   a.qk_norms_only =
       prep_bf16 && config.decode_overrides && config.decode_overrides->chunked_backward_qk == 2;
+  // The bf16 reverse pass hands dVnew to the fused chunk kernel in bf16 (chunked_backward_dvn = 2,
+  // opt-in until measured; the rounding the chunk kernel made, so bit-identical gradients).
+  b.dvn16 = fused && fused_rule != 3 && !b.state_wgmma && config.decode_overrides &&
+            config.decode_overrides->chunked_backward_dvn == 2;
 
   // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
   const std::int64_t items = wslots * prob.Hv, keys = wslots * prob.Hk;
