@@ -118,6 +118,21 @@ __device__ __forceinline__ void stage_f32_rows(__nv_bfloat16* dst, int ld, const
   }
 }
 
+// rows x 128 bf16 (global, row stride 128) -> shared rows [rows][ld], 16 bytes per unit.
+template <int Rows>
+__device__ __forceinline__ void copy_bf16_rows(__nv_bfloat16* dst, int ld,
+                                               const __nv_bfloat16* src) {
+  constexpr int units = Rows * kBwdFusedD / 8;
+  static_assert(units % kBwdFusedThreads == 0);
+#pragma unroll
+  for (int u = 0; u < units / kBwdFusedThreads; ++u) {
+    const int e = threadIdx.x + u * kBwdFusedThreads;
+    const int r = e / (kBwdFusedD / 8), c = 8 * (e % (kBwdFusedD / 8));
+    *reinterpret_cast<uint4*>(dst + r * ld + c) =
+        *reinterpret_cast<const uint4*>(src + r * kBwdFusedD + c);
+  }
+}
+
 // Rows row0 .. row0 + Rows - 1 of the chunk's saved state (the record at st_off, [D][D]) into
 // shared rows [Rows][ldD]: bf16 records copied as they are (exact), fp32 ones as bf16 hi (dst) +
 // lo (lo's rows).
@@ -127,15 +142,7 @@ __device__ __forceinline__ void stage_state_rows(const BwdArgs& b, std::int64_t 
   constexpr int D = kBwdFusedD, ldD = BwdFusedSmem::ldD;
   const std::int64_t off = st_off + std::int64_t(row0) * D;
   if constexpr (S16) {
-    constexpr int units = Rows * D / 8;
-    static_assert(units % kBwdFusedThreads == 0);
-#pragma unroll
-    for (int u = 0; u < units / kBwdFusedThreads; ++u) {
-      const int e = threadIdx.x + u * kBwdFusedThreads;
-      const int r = e / (D / 8), c = 8 * (e % (D / 8));
-      *reinterpret_cast<uint4*>(dst + r * ldD + c) =
-          *reinterpret_cast<const uint4*>(b.states16 + off + r * D + c);
-    }
+    copy_bf16_rows<Rows>(dst, ldD, b.states16 + off);
   } else {
     stage_f32_rows<Rows>(dst, ldD, b.states + off, lo);
   }
@@ -519,18 +526,10 @@ __global__ void __launch_bounds__(kBwdFusedThreads, 2) bwd_chunk_bf16_kernel(Bwd
 
   // Phase A0: dVnew (fp32 -> bf16, or bf16 as the reverse pass wrote it: BwdArgs::dvn16), Tinv
   // (fp32 -> bf16) into region R.
-  if (b.dvn16) {
-    const __nv_bfloat16* dvn = reinterpret_cast<const __nv_bfloat16*>(b.dVn) + pidx * kC * D;
-#pragma unroll
-    for (int u = 0; u < kC * D / 8 / kBwdFusedThreads; ++u) {
-      const int e = tid + u * kBwdFusedThreads;
-      const int r = e / (D / 8), c = 8 * (e % (D / 8));
-      *reinterpret_cast<uint4*>(sdVn + r * ldD + c) =
-          *reinterpret_cast<const uint4*>(dvn + r * D + c);
-    }
-  } else {
+  if (b.dvn16)
+    copy_bf16_rows<kC>(sdVn, ldD, reinterpret_cast<const __nv_bfloat16*>(b.dVn) + pidx * kC * D);
+  else
     stage_f32_rows<kC>(sdVn, ldD, b.dVn + pidx * kC * D);
-  }
   {
     const float* Ti = a.Tinv_out + pidx * kC * kC;
 #pragma unroll

@@ -223,6 +223,7 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
         mma_n16(lo, ak, frag_b_cols(sSlo, ldB, j0, k0));
       }
       float* dVn = b.dVn + pidx * kC * Dv + col0;
+      __nv_bfloat16* dVn16 = reinterpret_cast<__nv_bfloat16*>(b.dVn) + pidx * kC * Dv + col0;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -233,8 +234,7 @@ __global__ void __launch_bounds__(kBwdStateBf16Threads, 1) bwd_state_bf16_kernel
           std::uint32_t vh, vl;
           detail::split_bf16(v0, v1, vh, vl);
           if (b.dvn16)  // the hi part: dVnew rounded to bf16 once, as the chunk kernel stages it
-            *reinterpret_cast<std::uint32_t*>(reinterpret_cast<__nv_bfloat16*>(b.dVn) +
-                                              (pidx * kC + r) * Dv + col0 + j) = vh;
+            *reinterpret_cast<std::uint32_t*>(dVn16 + std::int64_t(r) * Dv + j) = vh;
           else
             *reinterpret_cast<float2*>(dVn + std::int64_t(r) * Dv + j) = make_float2(v0, v1);
           *reinterpret_cast<std::uint32_t*>(sVhi + r * ldB + j) = vh;

@@ -261,6 +261,9 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
                      (own_states || (p.saved.stride[0] % 8 == 0 && p.saved.stride[1] % 8 == 0 &&
                                      reinterpret_cast<std::uintptr_t>(p.saved.data) % 16 == 0));
   const bool prep_bf16 = fused && a.rows16 && fused_rule != 4;
+  // The bf16 reverse pass (bwd_state_bf16_kernel.cuh, or on warpgroup products: state_wgmma) with
+  // the fused chunk kernel, unless rule 3 forces the general one.
+  const bool state_bf16 = fused && fused_rule != 3;
   // The bf16 reverse pass's operands in bf16 (chunked_common.cuh P16 ..): the bf16 prep writes
   // them, given the forward's states (without them the forward's state pass reads fp32 W, Kd).
   // The same roundings as the fp32 operands, so the gradients are bit-identical (FusedChunkKernel
@@ -282,7 +285,7 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
       prep_bf16 && config.decode_overrides && config.decode_overrides->chunked_backward_qk == 2;
   // The bf16 reverse pass hands dVnew to the fused chunk kernel in bf16 (chunked_backward_dvn = 2,
   // opt-in until measured; the rounding the chunk kernel made, so bit-identical gradients).
-  b.dvn16 = fused && fused_rule != 3 && !b.state_wgmma && config.decode_overrides &&
+  b.dvn16 = state_bf16 && !b.state_wgmma && config.decode_overrides &&
             config.decode_overrides->chunked_backward_dvn == 2;
 
   // Scratch (see the header), every float region a multiple of 4 floats except the last ones.
@@ -375,7 +378,7 @@ void chunked_backward(const Problem& prob, const BackwardParams& p, const ExecCo
     }
     if (own_states) chunked::launch_state_pass_fp32(a, dev, stream, op);  // states, Vnew
     x3 ? launch_chunks<true>(b, !own_states, false, false, dev, stream, op)
-       : launch_chunks<false>(b, !own_states, fused, fused && fused_rule != 3, dev, stream, op);
+       : launch_chunks<false>(b, !own_states, fused, state_bf16, dev, stream, op);
   }
   if (gate_params) {
     chunked::bwd_gate_param_kernel<<<static_cast<unsigned>(prob.Hv), kThreads, 0, stream>>>(b);

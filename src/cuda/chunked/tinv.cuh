@@ -18,15 +18,13 @@
 //   1.72 ms, per-key 1 x 16384 4.88 -> 4.69 ms).
 // - on the tensor cores (DecodeOverrides::chunked_tinv = 3): the diagonal blocks as by columns,
 //   each off-diagonal block X_ij and T_ij = -T_ii X_ij by two warps (8 columns each) as
-//   mma.sync m16n8k8 products in 3xTF32 (hi hi + hi lo + lo hi, each part in its own
-//   accumulator; the parts of fp32 operands, so ~2^-21 relative per product against fp32 FFMA's
-//   2^-24), X_ij through the warp's own columns of sA's block (j, i) and a warp barrier: one
-//   block barrier per distance instead of two, and ~6 d + 6 products per warp where by columns a
-//   thread runs 16 d + 16 dependent FMA steps.
+//   mma.sync m16n8k8 products in 3xTF32 (chunked_common.cuh mma_tile<1, true>: ~2^-21 relative
+//   per product against fp32 FFMA's 2^-24), X_ij through the warp's own columns of sA's block
+//   (j, i) and a warp barrier: one block barrier per distance instead of two, and 6 d + 6 products
+//   per warp where by columns a thread runs 16 d + 16 dependent FMA steps.
 #pragma once
 
 #include "cuda/chunked/chunked_common.cuh"
-#include "cuda/common/mma_tf32.cuh"
 
 namespace gdr::cuda::chunked {
 
@@ -141,28 +139,6 @@ __device__ __forceinline__ void unit_lower_inverse_by_columns(float* sA, float* 
   }
 }
 
-// acc += M[r0 .., k0 ..] N[k0 .., n0 ..] over K = 8 ks columns of M / rows of N, m16n8k8 in
-// 3xTF32 (three accumulators: hi hi, hi lo, lo hi); M and N fp32 in shared memory at row stride
-// kLdA (g = lane / 4, c = lane % 4 as mma_tf32's fragments).
-__device__ __forceinline__ void tf32x3_product(float (&acc)[3][4], const float* M, int r0,
-                                               const float* N, int n0, int k0, int ks) {
-  constexpr int ld = kLdA;
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  for (int s = 0; s < ks; ++s) {
-    const int k = k0 + 8 * s;
-    const float4 a = make_float4(M[(r0 + g) * ld + k + c], M[(r0 + g + 8) * ld + k + c],
-                                 M[(r0 + g) * ld + k + c + 4], M[(r0 + g + 8) * ld + k + c + 4]);
-    const float b[2] = {N[(k + c) * ld + n0 + g], N[(k + c + 4) * ld + n0 + g]};
-    const float4 ah = make_float4(detail::tf32_hi(a.x), detail::tf32_hi(a.y), detail::tf32_hi(a.z),
-                                  detail::tf32_hi(a.w));
-    const float4 al = make_float4(a.x - ah.x, a.y - ah.y, a.z - ah.z, a.w - ah.w);
-    const float bh0 = detail::tf32_hi(b[0]), bh1 = detail::tf32_hi(b[1]);
-    detail::mma_tf32(acc[0], ah, bh0, bh1);
-    detail::mma_tf32(acc[1], ah, b[0] - bh0, b[1] - bh1);
-    detail::mma_tf32(acc[2], al, bh0, bh1);
-  }
-}
-
 __device__ __forceinline__ void unit_lower_inverse_tensor_cores(float* sA, float* sT) {
   constexpr int ldA = kLdA;
   static_assert(kC == 64, "four 16 x 16 blocks");
@@ -174,27 +150,26 @@ __device__ __forceinline__ void unit_lower_inverse_tensor_cores(float* sA, float
     const int i = j + d;
     if (i < 4) {
       // X_ij = A[i rows, blocks j .. i - 1] T[blocks j .. i - 1, j cols]: K = 16 d.
-      float x[3][4] = {};
-      tf32x3_product(x, sA, 16 * i, sT, 16 * j + n0, 16 * j, 2 * d);
+      const float* Aij = sA + 16 * i * ldA + 16 * j;
+      const float* Tjj = sT + 16 * j * ldA + 16 * j + n0;
+      float x[1][4] = {};
+      mma_tile<1, true>(
+          x, 16 * d, [&](int r, int k) { return Aij[r * ldA + k]; },
+          [&](int k, int n) { return Tjj[k * ldA + n]; });
       // Into this warp's 8 columns of sA's block (j, i) (above the diagonal: A never reads it).
       float* X = sA + 16 * j * ldA + 16 * i + n0;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int e = 2 * h;
-        X[(g + 8 * h) * ldA + 2 * c] = (x[0][e] + x[1][e]) + x[2][e];
-        X[(g + 8 * h) * ldA + 2 * c + 1] = (x[0][e + 1] + x[1][e + 1]) + x[2][e + 1];
-      }
+      for (int e = 0; e < 4; ++e) X[(g + 8 * (e >> 1)) * ldA + 2 * c + (e & 1)] = x[0][e];
       __syncwarp();
       // T_ij = -T_ii X_ij: K = 16 (T_ii is zero above its diagonal).
-      float t[3][4] = {};
-      tf32x3_product(t, sT + 16 * i, 16 * i, X - n0, n0, 0, 2);
+      const float* Tii = sT + 16 * i * ldA + 16 * i;
+      float t[1][4] = {};
+      mma_tile<1, true>(
+          t, 16, [&](int r, int k) { return Tii[r * ldA + k]; },
+          [&](int k, int n) { return X[k * ldA + n]; });
       float* T = sT + 16 * i * ldA + 16 * j + n0;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int e = 2 * h;
-        T[(g + 8 * h) * ldA + 2 * c] = -((t[0][e] + t[1][e]) + t[2][e]);
-        T[(g + 8 * h) * ldA + 2 * c + 1] = -((t[0][e + 1] + t[1][e + 1]) + t[2][e + 1]);
-      }
+      for (int e = 0; e < 4; ++e) T[(g + 8 * (e >> 1)) * ldA + 2 * c + (e & 1)] = -t[0][e];
     }
     __syncthreads();
   }
